@@ -1,0 +1,3 @@
+from jitllm.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""Command line: thin click commands over plain library functions (imports stay lazy so --help is instant)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from jitllm.errors import JitllmError
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    """Print one line naming the problem and exit with code 2."""
+    click.echo(f"jitllm: error: {message}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """A group whose every failure is one line on stderr and exit code 2, never a traceback."""
+
+    def main(self, args=None, prog_name=None, **extra):  # type: ignore[override]
+        try:
+            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            fail("aborted")
+        except click.ClickException as e:
+            fail(e.format_message().replace("\n", " "))
+        except JitllmError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            fail("interrupted")
+        except BrokenPipeError:
+            sys.exit(0)
+        if isinstance(rv, int):
+            sys.exit(rv)
+        sys.exit(0)
+
+
+def opt(name: str, *args, **kwargs):
+    """An option that answers to both the seed style `-name` and `--name`."""
+    return click.option(f"-{name}", f"--{name}", *args, **kwargs)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """jitllm: place transformer blocks on devices, compile them with TVM, move them while serving."""
+
+
+def _register() -> None:
+    from jitllm.cli_commands import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register()

@@ -1,0 +1,224 @@
+"""Which device runs each block: budgets, the seam, declines and placement maps, on integers only.
+
+Order of decisions:
+1. Placement-map entries, pinned ones first, each in block order. A device target that cannot hold
+   the block is a decline (or, with strict, an error); the block then falls to step 2.
+2. The engine fills the remaining blocks in order, first blocks to the first device, moving to the
+   next device when one is full. The block that found no room is declined by each device in turn;
+   the blocks after it run on the host. `gpu_layers` caps device blocks (map-placed ones count).
+3. The head (output projection) goes where the map says, else onto the device holding the last
+   device block if it fits there, else to the host. Like llama.cpp's -ngl, a `gpu_layers` cap of at
+   most the number of blocks keeps the head on the host.
+A streamed block (`~`) keeps its weights on the host and swaps them through one slot per device,
+as large as the largest block streamed there: only the slot is charged to the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitllm.errors import JitllmError
+from jitllm.runtime.device_spec import DeviceChoice, format_bytes
+from jitllm.runtime.placement import HOST, Placement, PlacementEntry
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one block (or the head) runs. `device` is a DeviceChoice.name or the host's name."""
+
+    device: str
+    bytes: int
+    pinned: bool = False
+    streamed: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A device that would not take a block (`block` None = the head), and why."""
+
+    block: int | None
+    wanted: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """A device's weight budget after planning; `slot_bytes` is the streaming slot inside `used_bytes`."""
+
+    name: str
+    budget_bytes: int
+    used_bytes: int
+    slot_bytes: int
+
+    @property
+    def left_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    blocks: tuple[Assignment, ...]
+    head: Assignment
+    seam: int | None
+    """Index of the last block on any device; None when the host runs every block."""
+    declines: tuple[Decline, ...]
+    budgets: tuple[DeviceBudget, ...]
+    host_name: str = HOST
+
+    def device_of(self, block: int) -> str:
+        return self.blocks[block].device
+
+    def blocks_on(self, device: str) -> list[int]:
+        return [i for i, a in enumerate(self.blocks) if a.device == device]
+
+    def describe(self) -> str:
+        """The plan as `-v` prints it."""
+        lines = ["blocks:"]
+        for first, last, a in _runs(self.blocks):
+            ids = str(first) if first == last else f"{first}-{last}"
+            size = format_bytes(a.bytes) + ("" if first == last else " each")
+            lines.append(f"  {ids:<9} {a.device:<10} {size:<16} {_flags(a):<17} {a.reason}")
+        h = self.head
+        lines.append(f"  {'head':<9} {h.device:<10} {format_bytes(h.bytes):<16} {_flags(h):<17} {h.reason}")
+        if self.seam is None:
+            lines.append("seam: none, the host runs every block")
+        else:
+            rest = len(self.blocks) - 1 - self.seam
+            lines.append(f"seam: after block {self.seam}" + (f" ({rest} later blocks on the host)" if rest else ""))
+        if self.declines:
+            lines.append("declines:")
+            for d in self.declines:
+                what = "head" if d.block is None else f"block {d.block}"
+                lines.append(f"  {what} declined by {d.wanted}: {d.reason}")
+        for b in self.budgets:
+            slot = f", streaming slot {format_bytes(b.slot_bytes)}" if b.slot_bytes else ""
+            lines.append(f"{b.name}: used {format_bytes(b.used_bytes)} of {format_bytes(b.budget_bytes)}, "
+                         f"{format_bytes(b.left_bytes)} left{slot}")
+        host = [a for a in self.blocks + (self.head,) if a.device == self.host_name or a.streamed]
+        lines.append(f"{self.host_name}: holds {format_bytes(sum(a.bytes for a in host))} of weights "
+                     f"({len(self.blocks_on(self.host_name))} blocks run there)")
+        return "\n".join(lines)
+
+
+def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
+         placement: Placement | None = None, gpu_layers: int | None = None, strict: bool = False,
+         host_name: str = HOST) -> Plan:
+    """Assign every block and the head to a device or the host (see the module doc for the rules)."""
+    if gpu_layers is not None and gpu_layers < 0:
+        raise JitllmError(f"-gpu-layers {gpu_layers}: must be 0 or more")
+    names = {alias: d.name for d in devices for alias in d.aliases}
+    if placement is not None:
+        placement.validate(len(block_bytes), set(names))
+    ledger = _Ledger(devices)
+    placed: dict[int, Assignment] = {}
+    declines: list[Decline] = []
+
+    def honour(block: int | None, entry: PlacementEntry, size: int) -> Assignment | None:
+        if entry.target == HOST:
+            return Assignment(host_name, size, entry.pinned, False, f"placement {entry.text}")
+        target = names[entry.target]
+        short = ledger.take(target, size, entry.streamed, "head" if block is None else f"block {block}")
+        if short is None:
+            return Assignment(target, size, entry.pinned, entry.streamed, f"placement {entry.text}")
+        if strict:
+            raise JitllmError(f"placement {entry.text} cannot be honoured: {short}")
+        declines.append(Decline(block, target, short))
+        return None
+
+    if placement is not None:
+        mapped = [(b, placement.entry_for(b)) for b in range(len(block_bytes))]
+        for b, entry in sorted(((b, e) for b, e in mapped if e is not None), key=lambda be: not be[1].pinned):
+            assignment = honour(b, entry, block_bytes[b])
+            if assignment is not None:
+                placed[b] = assignment
+
+    _fill(block_bytes, devices, gpu_layers, ledger, placed, declines, host_name)
+    blocks = tuple(placed[b] for b in range(len(block_bytes)))
+    on_device = [b for b, a in enumerate(blocks) if a.device != host_name]
+
+    head_entry = placement.head() if placement is not None else None
+    head = honour(None, head_entry, head_bytes) if head_entry is not None else None
+    if head is None:
+        head = Assignment(host_name, head_bytes, reason="no device block to sit beside")
+        if on_device and (gpu_layers is None or gpu_layers > len(block_bytes)):
+            beside = blocks[on_device[-1]].device
+            short = ledger.take(beside, head_bytes, False, "head")
+            if short is None:
+                head = Assignment(beside, head_bytes, reason="beside the last device block")
+            else:
+                declines.append(Decline(None, beside, short))
+                head = Assignment(host_name, head_bytes, reason=f"declined by {beside}")
+        elif on_device:
+            head = Assignment(host_name, head_bytes, reason=f"-gpu-layers {gpu_layers}")
+    return Plan(blocks, head, on_device[-1] if on_device else None, tuple(declines), ledger.report(), host_name)
+
+
+def _fill(block_bytes: list[int], devices: list[DeviceChoice], gpu_layers: int | None, ledger: _Ledger,
+          placed: dict[int, Assignment], declines: list[Decline], host_name: str) -> None:
+    """The engine's placement of every block the map did not settle."""
+    on_device = sum(1 for a in placed.values() if a.device != host_name)
+    map_declined = {d.block for d in declines}
+    current = 0
+    for b, size in enumerate(block_bytes):
+        if b in placed:
+            continue
+        if not devices:
+            placed[b] = Assignment(host_name, size, reason="no device")
+            continue
+        if gpu_layers is not None and on_device >= gpu_layers:
+            placed[b] = Assignment(host_name, size, reason=f"-gpu-layers {gpu_layers}")
+            continue
+        if current == len(devices):
+            placed[b] = Assignment(host_name, size, reason="after the seam")
+            continue
+        while current < len(devices):
+            short = ledger.take(devices[current].name, size, False, f"block {b}")
+            if short is None:
+                why = "engine (the map's target declined)" if b in map_declined else "engine"
+                placed[b] = Assignment(devices[current].name, size, reason=why)
+                on_device += 1
+                break
+            declines.append(Decline(b, devices[current].name, short))
+            current += 1
+        else:
+            placed[b] = Assignment(host_name, size, reason="no device has room")
+
+
+class _Ledger:
+    """Budget bookkeeping: what each device has left and the size of its streaming slot."""
+
+    def __init__(self, devices: list[DeviceChoice]) -> None:
+        self.budget = {d.name: d.budget_bytes for d in devices}
+        self.used = {d.name: 0 for d in devices}
+        self.slot = {d.name: 0 for d in devices}
+
+    def take(self, name: str, size: int, streamed: bool, what: str) -> str | None:
+        """Charge `size` (or the slot growth a streamed block needs) to `name`; the reason if it can't."""
+        cost = max(0, size - self.slot[name]) if streamed else size
+        left = self.budget[name] - self.used[name]
+        if cost > left:
+            need = f"streaming slot needs {format_bytes(cost)} more" if streamed else f"needs {format_bytes(cost)}"
+            return f"{what} {need}, {name} has {format_bytes(left)} left"
+        self.used[name] += cost
+        if streamed:
+            self.slot[name] = max(self.slot[name], size)
+        return None
+
+    def report(self) -> tuple[DeviceBudget, ...]:
+        return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n]) for n in self.budget)
+
+
+def _runs(assignments: tuple[Assignment, ...]) -> list[tuple[int, int, Assignment]]:
+    """Consecutive identical assignments folded into (first, last, assignment)."""
+    runs: list[tuple[int, int, Assignment]] = []
+    for i, a in enumerate(assignments):
+        if runs and runs[-1][2] == a and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i, a)
+        else:
+            runs.append((i, i, a))
+    return runs
+
+
+def _flags(a: Assignment) -> str:
+    return " ".join(f for f, on in (("pinned", a.pinned), ("streamed", a.streamed)) if on) or "-"

@@ -1,0 +1,64 @@
+"""Model and block configuration: plain data, shared by the converter, the IR builder and the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+ROW_GROUP = 8
+"""Output rows interleaved in every weight layout (see docs/model-format.md): kernels vectorise over them."""
+
+QUANT_BLOCK = 32
+"""GGML quantization block length along the input dimension (Q4_0, Q4_1, Q8_0)."""
+
+WEIGHT_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a llama-family decoder."""
+
+    arch: str
+    num_blocks: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    context: int
+    rope_theta: float
+    rms_eps: float
+    tied_head: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelConfig":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """One linear layer y = x @ W.T with W of shape [out_features, in_features] stored as `wtype`."""
+
+    name: str
+    out_features: int
+    in_features: int
+    wtype: str
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """Everything that decides a block's compiled artifact: shapes and weight types, never weight values."""
+
+    kind: str  # "llama" (decoder block) or "head" (final norm + output projection)
+    config: ModelConfig
+    linears: tuple[LinearSpec, ...] = field(default_factory=tuple)
+    page_size: int = 16
+
+    def linear(self, name: str) -> LinearSpec:
+        for spec in self.linears:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)

@@ -1,0 +1,146 @@
+"""ONNX graphs of the llama-family block kinds: the decoder block and the head (final norm + projection).
+
+Weights are graph *inputs*, so one compiled artifact serves every block of the same kind. Positions
+arrive as cos/sin tables (computed on the host), so every dim is an input dim (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
+from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
+from jitllm.ir.layouts import weight_parts
+from jitllm.ir.ops import PAGED_ATTENTION, linear_function, linear_op, paged_attention_function
+
+BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[out, in] of each linear of a decoder block."""
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return {
+        "attn_q": (q, cfg.hidden),
+        "attn_k": (kv, cfg.hidden),
+        "attn_v": (kv, cfg.hidden),
+        "attn_output": (cfg.hidden, q),
+        "ffn_gate": (cfg.ffn, cfg.hidden),
+        "ffn_up": (cfg.ffn, cfg.hidden),
+        "ffn_down": (cfg.hidden, cfg.ffn),
+    }
+
+
+def weight_inputs(kind: BlockKind) -> list[tuple[str, tuple[int, ...], str]]:
+    """(graph input name, shape, dtype) of every weight of a block kind, in call order."""
+    c = kind.config
+    out: list[tuple[str, tuple[int, ...], str]] = []
+    if kind.kind == "llama":
+        out.append(("attn_norm", (c.hidden,), "float32"))
+        for spec in kind.linears[:4]:
+            out += _linear_inputs(spec)
+        out.append(("ffn_norm", (c.hidden,), "float32"))
+        for spec in kind.linears[4:]:
+            out += _linear_inputs(spec)
+    else:
+        out.append(("output_norm", (c.hidden,), "float32"))
+        out += _linear_inputs(kind.linears[0])
+    return out
+
+
+def _linear_inputs(spec: LinearSpec) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(f"{spec.name}_{part}", shape, dtype) for part, shape, dtype in
+            weight_parts(spec.wtype, spec.out_features, spec.in_features)]
+
+
+def activation_inputs(kind: BlockKind) -> list[tuple[str, tuple, str]]:
+    """The non-weight inputs (symbolic dims by name)."""
+    c = kind.config
+    x = ("x", ("batch", "seq", c.hidden), "float32")
+    if kind.kind == "head":
+        return [x]
+    half = c.head_dim // 2
+    return [
+        x,
+        ("cos", ("batch", "seq", half), "float32"),
+        ("sin", ("batch", "seq", half), "float32"),
+        ("pages", ("num_pages", 2, c.kv_heads, kind.page_size, c.head_dim), "float32"),
+        ("page_table", ("batch", "max_pages"), "int32"),
+        ("past", ("batch",), "int32"),
+    ]
+
+
+def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
+    mean = g.op("ReduceMean", g.op("Mul", x, x), g.const([-1]), keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", mean, g.const(eps, "float32"))))
+    return g.op("Mul", g.op("Mul", x, inv), weight)
+
+
+def _linear(g: GraphBuilder, x: str, spec: LinearSpec) -> str:
+    parts = [name for name, _, _ in _linear_inputs(spec)]
+    return g.op(linear_op(spec.wtype), x, *parts, domain=DOMAIN)
+
+
+def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str) -> str:
+    """Interleaved-pair rotary embedding (GGUF llama layout): pairs (x[2i], x[2i+1])."""
+    pairs = g.op("Reshape", x, g.const([0, 0, heads, head_dim // 2, 2]))
+    x0, x1 = g.op("Split", pairs, g.const([1, 1]), axis=-1, outputs=2)
+    out0 = g.op("Sub", g.op("Mul", x0, cos), g.op("Mul", x1, sin))
+    out1 = g.op("Add", g.op("Mul", x0, sin), g.op("Mul", x1, cos))
+    return g.op("Reshape", g.op("Concat", out0, out1, axis=-1), g.const([0, 0, heads, head_dim]))
+
+
+def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
+    """The ONNX model of one block kind."""
+    c = kind.config
+    g = GraphBuilder()
+    outputs: list[onnx.ValueInfoProto]
+    if kind.kind == "llama":
+        q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
+        h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
+        cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
+        sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
+        q = _rope(g, _linear(g, h, q_spec), c.heads, c.head_dim, cos, sin)
+        k = _rope(g, _linear(g, h, k_spec), c.kv_heads, c.head_dim, cos, sin)
+        v = g.op("Reshape", _linear(g, h, v_spec), g.const([0, 0, c.kv_heads, c.head_dim]))
+        attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
+        attn = g.op("Reshape", attn, g.const([0, 0, c.heads * c.head_dim]))
+        x2 = g.op("Add", "x", _linear(g, attn, o_spec))
+        h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
+        gate = _linear(g, h2, gate_spec)
+        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h2, up_spec))
+        g.rename(g.op("Add", x2, _linear(g, act, down_spec)), "y")
+        g.rename(k, "k_new")
+        g.rename(v, "v_new")
+        outputs = [
+            tensor_info("y", "float32", ("batch", "seq", c.hidden)),
+            tensor_info("k_new", "float32", ("batch", "seq", c.kv_heads, c.head_dim)),
+            tensor_info("v_new", "float32", ("batch", "seq", c.kv_heads, c.head_dim)),
+        ]
+        functions = [paged_attention_function()]
+    else:
+        (head_spec,) = kind.linears
+        g.rename(_linear(g, _rms_norm(g, "x", "output_norm", c.rms_eps), head_spec), "logits")
+        outputs = [tensor_info("logits", "float32", ("batch", "seq", head_spec.out_features))]
+        functions = []
+    wtypes = sorted({spec.wtype for spec in kind.linears})
+    functions += [linear_function(w, len(weight_parts(w, 8, 32))) for w in wtypes]
+    inputs = [tensor_info(n, d, s) for n, s, d in activation_inputs(kind) + weight_inputs(kind)]
+    graph = helper.make_graph(g.nodes, f"jitllm_{kind.kind}", inputs, outputs)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+        functions=functions,
+        producer_name="jitllm",
+        ir_version=9,
+    )
+
+
+def llama_block_kind(cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
+    shapes = block_linear_shapes(cfg)
+    linears = tuple(LinearSpec(n, *shapes[n], wtypes[n]) for n in BLOCK_LINEARS)
+    return BlockKind("llama", cfg, linears, page_size)
+
+
+def head_kind(cfg: ModelConfig, wtype: str) -> BlockKind:
+    return BlockKind("head", cfg, (LinearSpec("output", cfg.vocab, cfg.hidden, wtype),))

@@ -1,0 +1,107 @@
+"""jitllm's two custom ONNX operators, each defined as a model-local ONNX function.
+
+The function bodies are the *reference semantics*, written in standard ONNX ops so ONNX Runtime can run
+the very graph we compile. The TVM lowering never uses the bodies: it replaces each call by a
+hand-written TIR kernel (jitllm/lowering/kernels_*.py) that reads the quantized weights and the paged
+KV pool directly.
+
+- `Linear_<wtype>(x[.., K], *parts) -> y[.., N]`: y = x @ W.T, W dequantized from the layout in layouts.py.
+- `PagedAttention(q[B,S,H,D], k[B,S,Hkv,D], v, pages[NP,2,Hkv,P,D], page_table[B,MP] i32, past[B] i32)`:
+  causal attention of the S new tokens over the `past` positions held in the pages listed by the page
+  table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
+  kernel run after the block.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
+
+PAGED_ATTENTION = "PagedAttention"
+
+
+def linear_op(wtype: str) -> str:
+    return f"Linear_{wtype}"
+
+
+def _function(name: str, inputs: list[str], outputs: list[str], g: GraphBuilder) -> onnx.FunctionProto:
+    return helper.make_function(
+        DOMAIN, name, inputs, outputs, g.nodes, opset_imports=[helper.make_opsetid("", OPSET)]
+    )
+
+
+def _dequantize(g: GraphBuilder, wtype: str, parts: list[str]) -> str:
+    """Body of the dequantization: parts -> W [N, K] float32."""
+    if wtype in ("f32", "f16"):
+        w = g.op("Cast", parts[0], to=onnx.TensorProto.FLOAT)
+        return g.op("Flatten", g.op("Transpose", w, perm=[0, 2, 1]), axis=2)
+    if wtype == "q8_0":
+        q = g.op("Cast", parts[0], to=onnx.TensorProto.FLOAT)  # [G, NB, 32, R]
+    else:
+        lo = g.op("BitwiseAnd", parts[0], g.const(15, "uint8"))
+        hi = g.op("BitShift", parts[0], g.const(4, "uint8"), direction="RIGHT")
+        q = g.op("Cast", g.op("Concat", lo, hi, axis=2), to=onnx.TensorProto.FLOAT)
+        if wtype == "q4_0":
+            q = g.op("Sub", q, g.const(8.0, "float32"))
+    axis2 = g.const([2])
+    d = g.op("Unsqueeze", g.op("Cast", parts[1], to=onnx.TensorProto.FLOAT), axis2)
+    w = g.op("Mul", q, d)
+    if wtype == "q4_1":
+        w = g.op("Add", w, g.op("Unsqueeze", g.op("Cast", parts[2], to=onnx.TensorProto.FLOAT), axis2))
+    return g.op("Flatten", g.op("Transpose", w, perm=[0, 3, 1, 2]), axis=2)
+
+
+def linear_function(wtype: str, num_parts: int) -> onnx.FunctionProto:
+    g = GraphBuilder("lin_")
+    parts = [f"p{i}" for i in range(num_parts)]
+    w = _dequantize(g, wtype, parts)
+    g.rename(g.op("MatMul", "x", g.op("Transpose", w, perm=[1, 0])), "y")
+    return _function(linear_op(wtype), ["x", *parts], ["y"], g)
+
+
+def paged_attention_function() -> onnx.FunctionProto:
+    g = GraphBuilder("att_")
+    i64 = onnx.TensorProto.INT64
+    f32 = onnx.TensorProto.FLOAT
+    # History gathered from the pool: [B, MP, 2, Hkv, P, D] -> K/V [B, Hkv, MP*P, D].
+    hist = g.op("Gather", "pages", "page_table", axis=0)
+    hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
+    d_dim = g.op("Shape", "q", start=3)
+    hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
+    kh = g.op("Gather", hist, g.const(0), axis=1)
+    vh = g.op("Gather", hist, g.const(1), axis=1)
+    k_all = g.op("Concat", kh, g.op("Transpose", "k", perm=[0, 2, 1, 3]), axis=2)  # [B, Hkv, T, D]
+    v_all = g.op("Concat", vh, g.op("Transpose", "v", perm=[0, 2, 1, 3]), axis=2)
+    # Queries grouped by KV head: [B, Hkv, g, S, D].
+    hkv = g.op("Shape", "k", start=2, end=3)
+    s_len = g.op("Shape", "q", start=1, end=2)
+    qt = g.op("Transpose", "q", perm=[0, 2, 1, 3])
+    qg = g.op("Reshape", qt, g.op("Concat", g.const([0]), hkv, g.const([-1]), s_len, d_dim, axis=0))
+    kt = g.op("Unsqueeze", g.op("Transpose", k_all, perm=[0, 1, 3, 2]), g.const([2]))
+    scale = g.op("Sqrt", g.op("Cast", d_dim, to=f32))
+    scores = g.op("Div", g.op("MatMul", qg, kt), scale)  # [B, Hkv, g, S, T]
+    # Mask: history position j is visible if j < past[b]; new token j' if j' <= s.
+    hist_len = g.op("Shape", kh, start=2, end=3)  # MP*P
+    zero, one = g.const(0), g.const(1)
+    squeeze0 = g.const([0])
+    t_len = g.op("Add", hist_len, s_len)
+    jpos = g.op("Range", zero, g.op("Squeeze", t_len, squeeze0), one)  # [T]
+    spos = g.op("Range", zero, g.op("Squeeze", s_len, squeeze0), one)  # [S]
+    past = g.op("Unsqueeze", g.op("Cast", "past", to=i64), g.const([1]))  # [B, 1]
+    vis_hist = g.op("Less", g.op("Unsqueeze", jpos, g.const([0])), past)  # [B, T]
+    rel = g.op("Sub", jpos, hist_len)  # [T]
+    vis_new = g.op(
+        "And",
+        g.op("GreaterOrEqual", rel, zero),
+        g.op("LessOrEqual", g.op("Unsqueeze", rel, g.const([0])), g.op("Unsqueeze", spos, g.const([1]))),
+    )  # [S, T]
+    mask = g.op("Or", g.op("Unsqueeze", vis_hist, g.const([1])), g.op("Unsqueeze", vis_new, g.const([0])))
+    mask = g.op("Unsqueeze", mask, g.const([1, 2]))  # [B, 1, 1, S, T]
+    scores = g.op("Where", mask, scores, g.const(-1e30, "float32"))
+    probs = g.op("Softmax", scores, axis=-1)
+    out = g.op("MatMul", probs, g.op("Unsqueeze", v_all, g.const([2])))  # [B, Hkv, g, S, D]
+    out = g.op("Reshape", out, g.op("Concat", g.const([0, -1]), s_len, d_dim, axis=0))  # [B, H, S, D]
+    g.rename(g.op("Transpose", out, perm=[0, 2, 1, 3]), "out")
+    return _function(PAGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past"], ["out"], g)

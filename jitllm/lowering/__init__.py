@@ -1,0 +1,1 @@
+"""Lowering of block-kind ONNX graphs to TVM and compilation per target (one module per target)."""

@@ -1,0 +1,102 @@
+"""ONNX block graph -> TVM Relax IRModule, with jitllm's custom ops lowered to our TIR kernels.
+
+TVM's ONNX importer knows nothing of jitllm's functions; for the duration of one import we extend its
+converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call_tir` of a kernel from
+kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
+The KV append kernel is added beside `main` and called by the runtime after each block step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, WEIGHT_TYPES, BlockKind
+from jitllm.ir.ops import PAGED_ATTENTION, linear_op
+from jitllm.lowering.kernels_attention import append_kernel, attention_kernel
+from jitllm.lowering.kernels_linear import linear_kernel
+
+APPEND_FUNCTION = "kv_append"
+_PATCH_LOCK = threading.Lock()
+
+
+def _add_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc) -> relax.GlobalVar:
+    mod = bb.get()
+    for gv in mod.get_global_vars():
+        if gv.name_hint == symbol:
+            return gv
+    return bb.add_func(func, symbol)
+
+
+def _linear_converter(wtype: str):
+    class Linear:
+        @classmethod
+        def get_converter(cls, opset):
+            return cls._impl
+
+        @classmethod
+        def _impl(cls, bb, inputs, attr, params):
+            x, *parts = [bb.normalize(i) for i in inputs]
+            shape = list(x.ty.shape.values)
+            lead = shape[:-1]
+            k = int(shape[-1])
+            g = int(parts[0].ty.shape.values[0])
+            n = g * ROW_GROUP
+            m = 1
+            for dim in lead:
+                m = m * dim
+            symbol, func = linear_kernel(wtype, n, k)
+            gv = _add_kernel(bb, symbol, func)
+            x_shape = [m, k] if wtype in ("f32", "f16") else [m, k // QUANT_BLOCK, QUANT_BLOCK]
+            x2 = bb.emit(relax.op.reshape(x, x_shape))
+            y = bb.emit(relax.call_tir(gv, [x2, *parts], relax.TensorType([m, g, ROW_GROUP], "float32")))
+            return relax.op.reshape(y, [*lead, n])
+
+    return Linear
+
+
+def _attention_converter(kind: BlockKind):
+    class PagedAttention:
+        @classmethod
+        def get_converter(cls, opset):
+            return cls._impl
+
+        @classmethod
+        def _impl(cls, bb, inputs, attr, params):
+            inputs = [bb.normalize(i) for i in inputs]
+            symbol, func = attention_kernel(kind)
+            gv = _add_kernel(bb, symbol, func)
+            return relax.call_tir(gv, inputs, inputs[0].ty)
+
+    return PagedAttention
+
+
+@contextlib.contextmanager
+def _custom_ops(kind: BlockKind):
+    extra = {linear_op(w): _linear_converter(w) for w in WEIGHT_TYPES}
+    extra[PAGED_ATTENTION] = _attention_converter(kind)
+    with _PATCH_LOCK:
+        original = onnx_frontend._get_convert_map
+        onnx_frontend._get_convert_map = lambda: {**original(), **extra}
+        try:
+            yield
+        finally:
+            onnx_frontend._get_convert_map = original
+
+
+def to_relax(kind: BlockKind, model: onnx.ModelProto) -> tvm.IRModule:
+    """Import the block graph; `main` takes (activations..., weights...) in graph-input order."""
+    graph_only = onnx.ModelProto()
+    graph_only.CopyFrom(model)
+    del graph_only.functions[:]
+    with _custom_ops(kind):
+        mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
+    if kind.kind == "llama":
+        symbol, func = append_kernel(kind)
+        mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
+    return mod

@@ -1,0 +1,75 @@
+"""Weights between GGML block formats, plain arrays and jitllm's row-interleaved part layouts (ir/layouts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.layouts import weight_parts
+
+# GGML block layouts: (bytes per 32-block, byte offset of the quants, number of f16 scale fields)
+_GGML_BLOCKS = {"q8_0": (34, 2, 1), "q4_0": (18, 2, 1), "q4_1": (20, 4, 2)}
+
+
+def _interleave(a: np.ndarray) -> np.ndarray:
+    """[N, ...] -> [N/R, ..., R]: groups of R rows, row index innermost."""
+    n = a.shape[0]
+    grouped = a.reshape(n // ROW_GROUP, ROW_GROUP, *a.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(grouped, 1, -1))
+
+
+def _deinterleave(a: np.ndarray) -> np.ndarray:
+    """Inverse of _interleave."""
+    rows = np.moveaxis(a, -1, 1)
+    return rows.reshape(a.shape[0] * ROW_GROUP, *a.shape[1:-1])
+
+
+def parts_from_ggml(wtype: str, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
+    """GGML quantized bytes of a [n, k] matrix (rows of blocks) -> layout parts, without dequantizing."""
+    block_bytes, q_off, n_scales = _GGML_BLOCKS[wtype]
+    blocks = np.ascontiguousarray(raw).reshape(n, k // QUANT_BLOCK, block_bytes)
+    scales = blocks[..., : 2 * n_scales].copy().view(np.float16)  # [n, nb, n_scales]
+    qs = blocks[..., q_off:]
+    if wtype == "q8_0":
+        qs = qs.view(np.int8)
+    parts = {"qs": _interleave(qs), "d": _interleave(scales[..., 0])}
+    if wtype == "q4_1":
+        parts["m"] = _interleave(scales[..., 1])
+    return parts
+
+
+def parts_from_float(wtype: str, w: np.ndarray) -> dict[str, np.ndarray]:
+    """A float [n, k] matrix -> layout parts of `wtype` (quantizing with gguf's reference quantizers)."""
+    n, k = w.shape
+    if wtype in ("f32", "f16"):
+        dtype = np.float32 if wtype == "f32" else np.float16
+        return {"w": _interleave(w.astype(dtype))}
+    import gguf
+
+    raw = gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), gguf.GGMLQuantizationType[wtype.upper()])
+    return parts_from_ggml(wtype, raw, n, k)
+
+
+def dequantize(wtype: str, parts: dict[str, np.ndarray]) -> np.ndarray:
+    """Layout parts -> float32 [n, k]."""
+    if wtype in ("f32", "f16"):
+        w = parts["w"]  # [G, K, R]
+        return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(-1, w.shape[1]), dtype=np.float32)
+    d = _deinterleave(parts["d"]).astype(np.float32)[..., None]  # [n, nb, 1]
+    qs = _deinterleave(parts["qs"])
+    if wtype == "q8_0":
+        q = qs.astype(np.float32)
+    else:
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
+        if wtype == "q4_0":
+            q -= 8.0
+    w = q * d
+    if wtype == "q4_1":
+        w += _deinterleave(parts["m"]).astype(np.float32)[..., None]
+    return w.reshape(w.shape[0], -1)
+
+
+def check_parts(wtype: str, n: int, k: int, parts: dict[str, np.ndarray]) -> None:
+    for name, shape, dtype in weight_parts(wtype, n, k):
+        got = parts[name]
+        assert got.shape == shape and got.dtype == np.dtype(dtype), (name, got.shape, shape, got.dtype, dtype)

@@ -1,0 +1,104 @@
+"""Independent numpy references for block kinds and shared fixtures of random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jitllm.ir.config import BlockKind
+from jitllm.ir.llama import weight_inputs
+from jitllm.quant import dequantize, parts_from_float
+
+
+def random_weights(kind: BlockKind, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Graph-input name -> array for every weight of a kind (quantized from random floats)."""
+    out: dict[str, np.ndarray] = {}
+    norms = [name for name, shape, _ in weight_inputs(kind) if len(shape) == 1]
+    for name in norms:
+        out[name] = (1.0 + 0.1 * rng.standard_normal(kind.config.hidden)).astype(np.float32)
+    for spec in kind.linears:
+        w = rng.standard_normal((spec.out_features, spec.in_features)).astype(np.float32) / np.sqrt(spec.in_features)
+        for part, arr in parts_from_float(spec.wtype, w).items():
+            out[f"{spec.name}_{part}"] = arr
+    return out
+
+
+def linear_weight(kind: BlockKind, weights: dict[str, np.ndarray], name: str) -> np.ndarray:
+    spec = kind.linear(name)
+    prefix = f"{name}_"
+    parts = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    return dequantize(spec.wtype, parts)
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = positions[..., None].astype(np.float64) * inv
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def block_forward(kind: BlockKind, weights, x, cos, sin, pages, page_table, past):
+    """Numpy forward of a llama block over paged history; returns (y, k_new, v_new)."""
+    c = kind.config
+    b, s, _ = x.shape
+    lin = lambda name, h: h @ linear_weight(kind, weights, name).T  # noqa: E731
+    h = rms_norm(x, weights["attn_norm"], c.rms_eps)
+    q = rope(lin("attn_q", h).reshape(b, s, c.heads, c.head_dim), cos, sin)
+    k = rope(lin("attn_k", h).reshape(b, s, c.kv_heads, c.head_dim), cos, sin)
+    v = lin("attn_v", h).reshape(b, s, c.kv_heads, c.head_dim)
+    p = kind.page_size
+    group = c.heads // c.kv_heads
+    attn = np.zeros((b, s, c.heads, c.head_dim), np.float32)
+    for bi in range(b):
+        n = int(past[bi])
+        hist = np.stack([pages[page_table[bi, t // p], :, :, t % p] for t in range(n)]) if n else np.zeros((0, 2, c.kv_heads, c.head_dim), np.float32)
+        keys = np.concatenate([hist[:, 0], k[bi]], axis=0)  # [n+s, Hkv, D]
+        vals = np.concatenate([hist[:, 1], v[bi]], axis=0)
+        for si in range(s):
+            visible = n + si + 1
+            for hh in range(c.heads):
+                kv = hh // group
+                scores = keys[:visible, kv] @ q[bi, si, hh] / np.sqrt(c.head_dim)
+                w = np.exp(scores - scores.max())
+                attn[bi, si, hh] = (w / w.sum()) @ vals[:visible, kv]
+    x2 = x + lin("attn_output", attn.reshape(b, s, -1))
+    h2 = rms_norm(x2, weights["ffn_norm"], c.rms_eps)
+    g = lin("ffn_gate", h2)
+    y = x2 + lin("ffn_down", g / (1 + np.exp(-g)) * lin("ffn_up", h2))
+    return y.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+
+
+def head_forward(kind: BlockKind, weights, x):
+    h = rms_norm(x, weights["output_norm"], kind.config.rms_eps)
+    return (h @ linear_weight(kind, weights, "output").T).astype(np.float32)
+
+
+def paged_inputs(kind: BlockKind, rng, batch: int, seq: int, pasts: list[int], extra_pages: int = 3):
+    """Random x, RoPE tables, a pool with shuffled page ids holding each sequence's history."""
+    c, p = kind.config, kind.page_size
+    pages_per_seq = [(n + seq + p - 1) // p for n in pasts]
+    max_pages = max(pages_per_seq)
+    num_pages = sum(pages_per_seq) + extra_pages
+    pool = rng.standard_normal((num_pages, 2, c.kv_heads, p, c.head_dim)).astype(np.float32)
+    ids = rng.permutation(num_pages)
+    table = np.zeros((batch, max_pages), np.int32)
+    at = 0
+    for bi, n_pages in enumerate(pages_per_seq):
+        table[bi, :n_pages] = ids[at:at + n_pages]
+        at += n_pages
+    past = np.array(pasts, np.int32)
+    positions = past[:, None] + np.arange(seq)[None, :]
+    cos, sin = rope_tables(positions, c.head_dim, c.rope_theta)
+    x = rng.standard_normal((batch, seq, c.hidden)).astype(np.float32)
+    return dict(x=x, cos=cos, sin=sin, pages=pool, page_table=table, past=past)

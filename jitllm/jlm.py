@@ -1,0 +1,165 @@
+"""The .jlm model file: one file, mmap-able, one aligned contiguous page per block.
+
+Layout (all integers little-endian):
+    0   8 bytes  magic b"JITLLM\\x00\\x01"
+    8   u32      format version (VERSION)
+    12  u32      reserved (0)
+    16  u64      header length H
+    24  H bytes  header, UTF-8 JSON (see docs/model-format.md)
+    ... zero padding to ALIGN, then the regions in header order, each starting on an ALIGN boundary:
+        "globals" (token embedding, final norm, output projection) and "block.0" .. "block.N-1".
+Within a region, tensors follow each other, each 64-byte aligned. A block's region is the unit that
+uploads, streams and migrates as one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+import numpy as np
+
+from jitllm.errors import JitllmError
+
+MAGIC = b"JITLLM\x00\x01"
+VERSION = 1
+ALIGN = 4096
+TENSOR_ALIGN = 64
+_PREAMBLE = struct.Struct("<8sIIQ")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    region: str
+    offset: int  # bytes from the region start
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    offset: int  # bytes from the file start
+    size: int
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, Iterable[tuple[str, np.ndarray]]]],
+              progress=None) -> None:
+    """Write a .jlm atomically. `regions` yields (region name, [(tensor name, array), ...]) in file order;
+    `meta` is the rest of the header (config, tokenizer, chat template, stop tokens, block weight types).
+    Arrays are consumed one region at a time so a conversion never holds the whole model in memory."""
+    path = Path(path)
+    layout: list[tuple[str, list[tuple[str, np.ndarray]]]] = [(name, list(items)) for name, items in regions]
+    tensors: dict[str, dict] = {}
+    region_sizes: list[tuple[str, int]] = []
+    for rname, items in layout:
+        at = 0
+        for tname, arr in items:
+            at = _align(at, TENSOR_ALIGN)
+            tensors[tname] = {"region": rname, "offset": at, "shape": list(arr.shape), "dtype": arr.dtype.name}
+            at += arr.nbytes
+        region_sizes.append((rname, at))
+    header = dict(meta)
+    header["tensors"] = tensors
+    # Region offsets depend on the header length, which depends on the offsets: iterate to a fixed point.
+    offsets: list[int] = [0] * len(region_sizes)
+    for _ in range(4):
+        header["regions"] = [{"name": n, "offset": o, "size": s} for (n, s), o in zip(region_sizes, offsets)]
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        at = _align(_PREAMBLE.size + len(blob), ALIGN)
+        new = []
+        for _, size in region_sizes:
+            new.append(at)
+            at = _align(at + size, ALIGN)
+        if new == offsets:
+            break
+        offsets = new
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise JitllmError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_PREAMBLE.pack(MAGIC, VERSION, 0, len(blob)))
+            f.write(blob)
+            for (rname, items), offset in zip(layout, offsets):
+                _write_region(f, offset, [(tensors[t]["offset"], a) for t, a in items])
+                if progress is not None:
+                    progress(rname)
+            f.truncate(offsets[-1] + region_sizes[-1][1] if offsets else f.tell())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _write_region(f: BinaryIO, offset: int, items: list[tuple[int, np.ndarray]]) -> None:
+    for at, arr in items:
+        f.seek(offset + at)
+        f.write(np.ascontiguousarray(arr).tobytes())
+
+
+class JlmFile:
+    """A read-only, memory-mapped .jlm. Arrays returned by `tensor` are views into the map (no copy)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            raise JitllmError(f"model file not found: {self.path}") from None
+        except IsADirectoryError:
+            raise JitllmError(f"{self.path} is a directory, not a .jlm model file") from None
+        except OSError as e:
+            raise JitllmError(f"cannot read {self.path}: {e.strerror or e}") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            pre = f.read(_PREAMBLE.size)
+            if len(pre) < _PREAMBLE.size:
+                raise JitllmError(f"{self.path}: not a .jlm model file (too short)")
+            magic, version, _, hlen = _PREAMBLE.unpack(pre)
+            if magic != MAGIC:
+                raise JitllmError(f"{self.path}: not a .jlm model file (bad magic); convert it with `jitllm convert`")
+            if version != VERSION:
+                raise JitllmError(f"{self.path}: .jlm version {version} is not supported (this jitllm reads {VERSION})")
+            if _PREAMBLE.size + hlen > size:
+                raise JitllmError(f"{self.path}: truncated .jlm file (header cut off)")
+            try:
+                self.header = json.loads(f.read(hlen))
+                self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"]) for r in self.header["regions"]}
+                self.tensors = {n: TensorEntry(n, t["region"], t["offset"], tuple(t["shape"]), t["dtype"])
+                                for n, t in self.header["tensors"].items()}
+            except (ValueError, KeyError, TypeError):
+                raise JitllmError(f"{self.path}: corrupt .jlm header") from None
+            end = max((r.offset + r.size for r in self.regions.values()), default=0)
+            if end > size:
+                raise JitllmError(f"{self.path}: truncated .jlm file ({size} of {end} bytes)")
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+    def tensor(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        start = self.regions[t.region].offset + t.offset
+        return np.frombuffer(self._map, dtype=t.dtype, count=int(np.prod(t.shape, dtype=np.int64)),
+                             offset=start).reshape(t.shape)
+
+    def region_tensors(self, region: str) -> dict[str, np.ndarray]:
+        return {n: self.tensor(n) for n, t in self.tensors.items() if t.region == region}
+
+    def region_bytes(self, region: str) -> int:
+        return self.regions[region].size

@@ -51,15 +51,16 @@ def render(inventory: Inventory) -> str:
     def cpus(ids: list[int]) -> str:
         return f"{len(ids)} ({format_cpu_list(ids)})" if ids else "none"
 
+    numa = "; ".join(f"node{n}: {format_cpu_list(c)}" for n, c in cpu.numa_nodes.items())
     lines += [
         f"CPU: {cpu.model}",
         f"  performance cores      {cpus(cpu.performance_cores)}  <- one worker each",
         f"  hyperthread siblings   {cpus(cpu.hyperthread_siblings)}  (left alone)",
         f"  efficiency cores       {cpus(cpu.efficiency_cores)}  (left alone)",
-        f"  NUMA nodes             " + ("; ".join(f"node{n}: {format_cpu_list(c)}" for n, c in cpu.numa_nodes.items())
-                                        or "not reported"),
+        f"  NUMA nodes             {numa or 'not reported'}",
         f"  process CPU mask       {format_cpu_list(cpu.cpu_mask)}",
-        f"  memory                 {format_bytes(cpu.total_bytes)} total, {format_bytes(cpu.free_bytes)} available",
+        f"  memory                 {format_bytes(cpu.total_bytes)} total, "
+        f"{format_bytes(cpu.free_bytes)} available",
         f"  features               {' '.join(cpu.features) or 'none of note'}",
     ]
     return "\n".join(lines)

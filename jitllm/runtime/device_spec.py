@@ -1,6 +1,6 @@
 """The -devices grammar, parsed in one place for every command, and the memory budget of each device.
 
-    auto | all | cpu | gpu[:N] | cuda[:ORD] | vulkan[:SEL] | metal      each optionally =BYTES, comma-separated
+    auto | all | cpu | gpu[:N] | cuda[:ORD] | vulkan[:SEL] | metal     (comma-separated, each =BYTES)
 
 Sizes are binary: K, M, G, T (with or without `iB`/`B`, any case) are powers of 1024, so `3G` and
 `3GiB` are the same 3221225472 bytes; a bare number is bytes; decimals such as `1.5G` are allowed.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
+from collections.abc import Callable
 
 from jitllm.errors import JitllmError
 from jitllm.runtime.inventory import BACKENDS, GpuDevice, Inventory

@@ -5,7 +5,8 @@ Order of decisions:
    the block is a decline (or, with strict, an error); the block then falls to step 2.
 2. The engine fills the remaining blocks in order, first blocks to the first device, moving to the
    next device when one is full. The block that found no room is declined by each device in turn;
-   the blocks after it run on the host. `gpu_layers` caps device blocks (map-placed ones count).
+   the blocks after it run on the host. The seam is the last block the engine put on a device
+   (blocks the map placed are not part of it). `gpu_layers` caps device blocks (map-placed count).
 3. The head (output projection) goes where the map says, else onto the device holding the last
    device block if it fits there, else to the host. Like llama.cpp's -ngl, a `gpu_layers` cap of at
    most the number of blocks keeps the head on the host.
@@ -58,10 +59,13 @@ class DeviceBudget:
 
 @dataclass(frozen=True)
 class Plan:
+    """Every block's Assignment (by block id), the head's, and how the devices' budgets were spent."""
+
     blocks: tuple[Assignment, ...]
     head: Assignment
     seam: int | None
-    """Index of the last block on any device; None when the host runs every block."""
+    """The last block the engine put on a device (map-placed blocks are not part of the seam);
+    None when the engine put none there."""
     declines: tuple[Decline, ...]
     budgets: tuple[DeviceBudget, ...]
     host_name: str = HOST
@@ -82,10 +86,11 @@ class Plan:
         h = self.head
         lines.append(f"  {'head':<9} {h.device:<10} {format_bytes(h.bytes):<16} {_flags(h):<17} {h.reason}")
         if self.seam is None:
-            lines.append("seam: none, the host runs every block")
+            lines.append("seam: none (the engine put no block on a device)")
         else:
-            rest = len(self.blocks) - 1 - self.seam
-            lines.append(f"seam: after block {self.seam}" + (f" ({rest} later blocks on the host)" if rest else ""))
+            rest = sum(a.device == self.host_name for a in self.blocks[self.seam + 1:])
+            later = f" ({rest} later blocks on the host)" if rest else ""
+            lines.append(f"seam: after block {self.seam}{later}")
         if self.declines:
             lines.append("declines:")
             for d in self.declines:
@@ -133,7 +138,7 @@ def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
             if assignment is not None:
                 placed[b] = assignment
 
-    _fill(block_bytes, devices, gpu_layers, ledger, placed, declines, host_name)
+    seam = _fill(block_bytes, devices, gpu_layers, ledger, placed, declines, host_name)
     blocks = tuple(placed[b] for b in range(len(block_bytes)))
     on_device = [b for b, a in enumerate(blocks) if a.device != host_name]
 
@@ -151,15 +156,15 @@ def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
                 head = Assignment(host_name, head_bytes, reason=f"declined by {beside}")
         elif on_device:
             head = Assignment(host_name, head_bytes, reason=f"-gpu-layers {gpu_layers}")
-    return Plan(blocks, head, on_device[-1] if on_device else None, tuple(declines), ledger.report(), host_name)
+    return Plan(blocks, head, seam, tuple(declines), ledger.report(), host_name)
 
 
 def _fill(block_bytes: list[int], devices: list[DeviceChoice], gpu_layers: int | None, ledger: _Ledger,
-          placed: dict[int, Assignment], declines: list[Decline], host_name: str) -> None:
-    """The engine's placement of every block the map did not settle."""
+          placed: dict[int, Assignment], declines: list[Decline], host_name: str) -> int | None:
+    """The engine's placement of every block the map did not settle; returns the seam."""
     on_device = sum(1 for a in placed.values() if a.device != host_name)
     map_declined = {d.block for d in declines}
-    current = 0
+    current, seam = 0, None
     for b, size in enumerate(block_bytes):
         if b in placed:
             continue
@@ -177,12 +182,13 @@ def _fill(block_bytes: list[int], devices: list[DeviceChoice], gpu_layers: int |
             if short is None:
                 why = "engine (the map's target declined)" if b in map_declined else "engine"
                 placed[b] = Assignment(devices[current].name, size, reason=why)
-                on_device += 1
+                on_device, seam = on_device + 1, b
                 break
             declines.append(Decline(b, devices[current].name, short))
             current += 1
         else:
             placed[b] = Assignment(host_name, size, reason="no device has room")
+    return seam
 
 
 class _Ledger:
@@ -198,7 +204,9 @@ class _Ledger:
         cost = max(0, size - self.slot[name]) if streamed else size
         left = self.budget[name] - self.used[name]
         if cost > left:
-            need = f"streaming slot needs {format_bytes(cost)} more" if streamed else f"needs {format_bytes(cost)}"
+            need = f"needs {format_bytes(cost)}"
+            if streamed:
+                need = f"streaming slot {need} more"
             return f"{what} {need}, {name} has {format_bytes(left)} left"
         self.used[name] += cost
         if streamed:

@@ -5,7 +5,12 @@ from hypothesis import given, settings, strategies as st
 
 from jitllm.errors import JitllmError
 from jitllm.runtime.device_spec import (
-    MIB, default_budget, format_bytes, host_budget, parse_devices, parse_size,
+    MIB,
+    default_budget,
+    format_bytes,
+    host_budget,
+    parse_devices,
+    parse_size,
 )
 from jitllm.runtime.inventory import CpuInfo, GpuDevice, Inventory
 
@@ -21,25 +26,46 @@ def gpu(backend: str, ordinal: int, name: str, free: int, **kw) -> GpuDevice:
 
 
 CPU_ONLY = Inventory.from_views([], cpu())
-TWO = Inventory.from_views([
-    gpu("cuda", 0, "Small Card", 8 * GIB, uuid="GPU-a", speed=300.0),
-    gpu("cuda", 1, "Big Card", 24 * GIB, uuid="GPU-b", speed=900.0),
-], cpu())
-ONE_CARD_TWO_BACKENDS = Inventory.from_views([
-    gpu("vulkan", 0, "NVIDIA H200", 100 * GIB, uuid="GPU-h"),
-    gpu("cuda", 0, "NVIDIA H200", 100 * GIB, uuid="GPU-h", speed=4000.0),
-], cpu())
-LAPTOP = Inventory.from_views([
-    gpu("vulkan", 0, "Intel(R) Iris(R) Xe Graphics", 16 * GIB, unified=True),
-    gpu("vulkan", 1, "AMD Radeon RX 7600", 8 * GIB, pci_bus="0000:03:00.0"),
-    gpu("vulkan", 2, "llvmpipe (LLVM 15)", 16 * GIB, unified=True, software=True),
-], cpu(free=16 * GIB))
+TWO = Inventory.from_views(
+    [
+        gpu("cuda", 0, "Small Card", 8 * GIB, uuid="GPU-a", speed=300.0),
+        gpu("cuda", 1, "Big Card", 24 * GIB, uuid="GPU-b", speed=900.0),
+    ],
+    cpu(),
+)
+ONE_CARD_TWO_BACKENDS = Inventory.from_views(
+    [
+        gpu("vulkan", 0, "NVIDIA H200", 100 * GIB, uuid="GPU-h"),
+        gpu("cuda", 0, "NVIDIA H200", 100 * GIB, uuid="GPU-h", speed=4000.0),
+    ],
+    cpu(),
+)
+LAPTOP = Inventory.from_views(
+    [
+        gpu("vulkan", 0, "Intel(R) Iris(R) Xe Graphics", 16 * GIB, unified=True),
+        gpu("vulkan", 1, "AMD Radeon RX 7600", 8 * GIB, pci_bus="0000:03:00.0"),
+        gpu("vulkan", 2, "llvmpipe (LLVM 15)", 16 * GIB, unified=True, software=True),
+    ],
+    cpu(free=16 * GIB),
+)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("3G", 3 * GIB), ("3GiB", 3 * GIB), ("3gb", 3 * GIB), ("512M", 512 * MIB), ("800000000", 800000000),
-    ("1.5G", 3 * GIB // 2), ("2T", 2 << 40), ("64k", 65536), ("10B", 10), (" 1 G ", GIB), (".5M", MIB // 2),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("3G", 3 * GIB),
+        ("3GiB", 3 * GIB),
+        ("3gb", 3 * GIB),
+        ("512M", 512 * MIB),
+        ("800000000", 800000000),
+        ("1.5G", 3 * GIB // 2),
+        ("2T", 2 << 40),
+        ("64k", 65536),
+        ("10B", 10),
+        (" 1 G ", GIB),
+        (".5M", MIB // 2),
+    ],
+)
 def test_sizes_are_binary(text, expected):
     assert parse_size(text) == expected
 
@@ -123,7 +149,9 @@ def test_naming_vulkan_explicitly_selects_the_vulkan_view():
 
 
 def test_one_card_twice_is_a_duplicate():
-    with pytest.raises(JitllmError, match=r"^vulkan:0: cuda:0 is already in -devices \(vulkan:0 and cuda:0 are one card\)"):
+    with pytest.raises(
+        JitllmError, match=r"^vulkan:0: cuda:0 is already in -devices \(vulkan:0 and cuda:0 are one card\)"
+    ):
         parse_devices("cuda:0,vulkan:0", ONE_CARD_TWO_BACKENDS)
     with pytest.raises(JitllmError, match=r"^gpu:0: cuda:0 is already in -devices$"):
         parse_devices("cuda:0,gpu:0", TWO)
@@ -159,26 +187,32 @@ def test_a_second_unified_device_gets_only_what_the_first_left():
     assert host_budget(LAPTOP, [first, second]) == 4 * GIB - second.budget_bytes
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", "-devices is empty"),
-    ("cuda:0,,cuda:1", "empty entry"),
-    ("auto,cuda:0", "^auto,cuda:0|auto: auto must be the only"),
-    ("cpu=2G", "^cpu=2G: the CPU takes no budget$"),
-    ("tpu:0", "^tpu:0: unknown device 'tpu:0'"),
-    ("gpu:x", "^gpu:x: bad index 'x'$"),
-    ("gpu:5", r"^gpu:5: no such GPU \(jitllm hardware lists 2\)$"),
-    ("cuda:9", r"^cuda:9: no CUDA device 9 \(found 2\)$"),
-    ("cuda:big", "^cuda:big: bad ordinal 'big'$"),
-    ("metal", "^metal: no Metal device on this machine$"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "-devices is empty"),
+        ("cuda:0,,cuda:1", "empty entry"),
+        ("auto,cuda:0", "^auto,cuda:0|auto: auto must be the only"),
+        ("cpu=2G", "^cpu=2G: the CPU takes no budget$"),
+        ("tpu:0", "^tpu:0: unknown device 'tpu:0'"),
+        ("gpu:x", "^gpu:x: bad index 'x'$"),
+        ("gpu:5", r"^gpu:5: no such GPU \(jitllm hardware lists 2\)$"),
+        ("cuda:9", r"^cuda:9: no CUDA device 9 \(found 2\)$"),
+        ("cuda:big", "^cuda:big: bad ordinal 'big'$"),
+        ("metal", "^metal: no Metal device on this machine$"),
+    ],
+)
 def test_entry_errors(text, message):
     with pytest.raises(JitllmError, match=message):
         parse_devices(text, TWO)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(), st.sampled_from([CPU_ONLY, TWO, ONE_CARD_TWO_BACKENDS, LAPTOP]),
-       st.none() | st.text(max_size=8))
+@given(
+    st.text(),
+    st.sampled_from([CPU_ONLY, TWO, ONE_CARD_TWO_BACKENDS, LAPTOP]),
+    st.none() | st.text(max_size=8),
+)
 def test_any_text_parses_or_raises_jitllm_error(text, inventory, vram):
     try:
         chosen = parse_devices(text, inventory, vram=vram)
@@ -190,11 +224,32 @@ def test_any_text_parses_or_raises_jitllm_error(text, inventory, vram):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["auto", "all", "cpu", "gpu", "gpu:0", "gpu:1", "cuda", "cuda:0", "cuda:1",
-                                 "vulkan", "vulkan:0", "vulkan:1", "vulkan:radeon", "metal"]), min_size=1,
-                max_size=4),
-       st.lists(st.sampled_from(["", "=1G", "=512M", "=3Q", "=1.5GiB"]), min_size=4, max_size=4),
-       st.sampled_from([CPU_ONLY, TWO, ONE_CARD_TWO_BACKENDS, LAPTOP]))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "auto",
+                "all",
+                "cpu",
+                "gpu",
+                "gpu:0",
+                "gpu:1",
+                "cuda",
+                "cuda:0",
+                "cuda:1",
+                "vulkan",
+                "vulkan:0",
+                "vulkan:1",
+                "vulkan:radeon",
+                "metal",
+            ]
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.sampled_from(["", "=1G", "=512M", "=3Q", "=1.5GiB"]), min_size=4, max_size=4),
+    st.sampled_from([CPU_ONLY, TWO, ONE_CARD_TWO_BACKENDS, LAPTOP]),
+)
 def test_grammar_shaped_text_parses_or_raises_jitllm_error(specs, sizes, inventory):
     text = ",".join(s + z for s, z in zip(specs, sizes))
     try:

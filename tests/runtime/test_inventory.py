@@ -9,19 +9,33 @@ from click.testing import CliRunner
 from jitllm.cli import main
 from jitllm.commands import hardware as hardware_command
 from jitllm.runtime import inventory as inv
-from jitllm.runtime.inventory import CpuInfo, GpuDevice, Inventory, detect_cpu, format_cpu_list, parse_cpu_list
+from jitllm.runtime.inventory import (
+    CpuInfo,
+    GpuDevice,
+    Inventory,
+    detect_cpu,
+    format_cpu_list,
+    parse_cpu_list,
+)
 
 GIB = 1 << 30
 HOST = CpuInfo("Fake CPU", [0], [1], [], {0: [0, 1]}, [0, 1], 16 * GIB, 8 * GIB, ["avx2"])
 
 
 def view(backend: str, ordinal: int, name: str = "card", uuid: str | None = None, **kw) -> GpuDevice:
-    return GpuDevice(-1, backend, ordinal, name, kw.pop("total", 4 * GIB), kw.pop("free", 3 * GIB), uuid, **kw)
+    return GpuDevice(
+        -1, backend, ordinal, name, kw.pop("total", 4 * GIB), kw.pop("free", 3 * GIB), uuid, **kw
+    )
 
 
 def test_views_of_one_card_fold_into_one_preferring_cuda_then_metal_then_vulkan():
-    views = [view("vulkan", 0, uuid="A"), view("vulkan", 1, uuid="B"), view("cuda", 0, uuid="A"),
-             view("vulkan", 2), view("metal", 0, uuid="B")]
+    views = [
+        view("vulkan", 0, uuid="A"),
+        view("vulkan", 1, uuid="B"),
+        view("cuda", 0, uuid="A"),
+        view("vulkan", 2),
+        view("metal", 0, uuid="B"),
+    ]
     inventory = Inventory.from_views(views, HOST)
     assert [(g.index, g.spec_name) for g in inventory.gpus] == [(0, "cuda:0"), (1, "metal"), (2, "vulkan:2")]
     assert [(v.index, v.spec_name) for v in inventory.other_backends] == [(0, "vulkan:0"), (1, "vulkan:1")]
@@ -35,23 +49,36 @@ def test_views_without_uuid_are_never_merged():
 
 def test_vulkan_adapter_adopts_the_identity_of_its_cuda_card(tmp_path):
     cuda = [(view("cuda", 0, "H200", uuid="GPU-1", pci_bus="0000:19:00.0", speed=4000.0), 0x233510DE)]
-    vulkan = [(view("vulkan", 0, "NVIDIA H200", total=0, free=0), 0x233510DE),
-              (view("vulkan", 1, "Radeon", total=0, free=0), 0x74801002),
-              (view("vulkan", 2, "Iris", unified=True), 0x46A68086)]
+    vulkan = [
+        (view("vulkan", 0, "NVIDIA H200", total=0, free=0), 0x233510DE),
+        (view("vulkan", 1, "Radeon", total=0, free=0), 0x74801002),
+        (view("vulkan", 2, "Iris", unified=True), 0x46A68086),
+    ]
     card = tmp_path / "card1" / "device"
     card.mkdir(parents=True)
-    for name, value in {"vendor": "0x1002", "device": "0x7480", "mem_info_vram_total": str(8 * GIB),
-                        "mem_info_vram_used": str(GIB)}.items():
+    for name, value in {
+        "vendor": "0x1002",
+        "device": "0x7480",
+        "mem_info_vram_total": str(8 * GIB),
+        "mem_info_vram_used": str(GIB),
+    }.items():
         (card / name).write_text(value + "\n")
     nvidia, radeon, iris = inv._adopt_identity(vulkan, cuda, drm_root=str(tmp_path))
-    assert (nvidia.uuid, nvidia.pci_bus, nvidia.total_bytes, nvidia.speed) == ("GPU-1", "0000:19:00.0", 4 * GIB, 4000.0)
+    assert (nvidia.uuid, nvidia.pci_bus, nvidia.total_bytes, nvidia.speed) == (
+        "GPU-1",
+        "0000:19:00.0",
+        4 * GIB,
+        4000.0,
+    )
     assert (radeon.uuid, radeon.total_bytes, radeon.free_bytes) == (None, 8 * GIB, 7 * GIB)
     assert iris == vulkan[2][0]
     folded = Inventory.from_views([cuda[0][0], nvidia, radeon, iris], HOST)
     assert [g.spec_name for g in folded.gpus] == ["cuda:0", "vulkan:1", "vulkan:2"]
 
 
-@pytest.mark.parametrize("spec,expected", [(None, [0, 1, 2]), ("2,0", [2, 0]), ("GPU-b", [1]), ("1,bad,2", [1]), ("", [])])
+@pytest.mark.parametrize(
+    "spec,expected", [(None, [0, 1, 2]), ("2,0", [2, 0]), ("GPU-b", [1]), ("1,bad,2", [1]), ("", [])]
+)
 def test_cuda_visible_devices_renumbers_ordinals(monkeypatch, spec, expected):
     if spec is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -61,7 +88,9 @@ def test_cuda_visible_devices_renumbers_ordinals(monkeypatch, spec, expected):
 
 
 def fake_sysfs(root: Path, siblings: dict[int, str], extra: dict[str, str]) -> None:
-    files = {"proc/cpuinfo": "processor\t: 0\nmodel name\t: Fake Core i9\nflags\t\t: fpu avx avx2 fma f16c avx_vnni\n"}
+    files = {
+        "proc/cpuinfo": "processor\t: 0\nmodel name\t: Fake Core i9\nflags\t\t: fpu avx avx2 fma f16c avx_vnni\n"
+    }
     for cpu, sib in siblings.items():
         files[f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"] = sib
     files.update(extra)
@@ -73,19 +102,31 @@ def fake_sysfs(root: Path, siblings: dict[int, str], extra: dict[str, str]) -> N
 def test_cpu_hyperthreads_hybrid_cores_numa_and_mask(tmp_path):
     # 2 P-cores with hyperthreads (0/1, 2/3), 4 E-cores (4-7), two NUMA nodes; the mask excludes cpu 7.
     siblings = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3", 4: "4", 5: "5", 6: "6", 7: "7"}
-    fake_sysfs(tmp_path, siblings, {"sys/devices/cpu_atom/cpus": "4-7",
-                                     "sys/devices/system/node/node0/cpulist": "0-3",
-                                     "sys/devices/system/node/node1/cpulist": "4-7"})
+    fake_sysfs(
+        tmp_path,
+        siblings,
+        {
+            "sys/devices/cpu_atom/cpus": "4-7",
+            "sys/devices/system/node/node0/cpulist": "0-3",
+            "sys/devices/system/node/node1/cpulist": "4-7",
+        },
+    )
     cpu = detect_cpu(str(tmp_path), mask=[0, 1, 2, 3, 4, 5, 6])
     assert cpu.model == "Fake Core i9"
-    assert (cpu.performance_cores, cpu.hyperthread_siblings, cpu.efficiency_cores) == ([0, 2], [1, 3], [4, 5, 6])
+    assert (cpu.performance_cores, cpu.hyperthread_siblings, cpu.efficiency_cores) == (
+        [0, 2],
+        [1, 3],
+        [4, 5, 6],
+    )
     assert cpu.numa_nodes == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
     assert cpu.cpu_mask == [0, 1, 2, 3, 4, 5, 6]
     assert cpu.features == ["avx", "avx2", "fma", "f16c", "avx_vnni"]
 
 
 def test_arm_little_cores_by_capacity(tmp_path):
-    capacity = {f"sys/devices/system/cpu/cpu{i}/cpu_capacity": c for i, c in enumerate(["446", "446", "1024", "1024"])}
+    capacity = {
+        f"sys/devices/system/cpu/cpu{i}/cpu_capacity": c for i, c in enumerate(["446", "446", "1024", "1024"])
+    }
     fake_sysfs(tmp_path, {i: str(i) for i in range(4)}, capacity)
     cpu = detect_cpu(str(tmp_path), mask=[0, 1, 2, 3])
     assert (cpu.performance_cores, cpu.efficiency_cores, cpu.hyperthread_siblings) == ([2, 3], [0, 1], [])
@@ -120,8 +161,13 @@ def test_hardware_command_on_this_machine():
 
 
 def test_hardware_command_lists_each_card_once_with_its_other_backends(monkeypatch):
-    fake = Inventory.from_views([view("cuda", 0, "NVIDIA H200", uuid="GPU-1", speed=4000.0),
-                                 view("vulkan", 0, "NVIDIA H200", uuid="GPU-1")], HOST)
+    fake = Inventory.from_views(
+        [
+            view("cuda", 0, "NVIDIA H200", uuid="GPU-1", speed=4000.0),
+            view("vulkan", 0, "NVIDIA H200", uuid="GPU-1"),
+        ],
+        HOST,
+    )
     monkeypatch.setattr(inv, "detect_inventory", lambda: fake)
     text = CliRunner().invoke(main, ["hardware"]).stdout
     assert "gpu:0  cuda:0    NVIDIA H200" in text and "UUID GPU-1" in text and "also vulkan:0" in text

@@ -38,24 +38,27 @@ def test_suffixes_in_either_order(suffix):
     assert entry.pinned and entry.streamed and entry.target == "cuda:0"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("3-1=host", r"^placement 3-1=host: range 3-1 is backwards$"),
-    ("1=host,,2=host", r"^placement 1=host,,2=host: empty entry$"),
-    ("1=host,", r"empty entry"),
-    ("  ", r"^-placement is empty"),
-    ("1host", r"^placement 1host: missing '='"),
-    ("x=host", r"^placement x=host: bad selector 'x'"),
-    ("-1=host", r"bad selector '-1'"),
-    ("1=", r"^placement 1=: missing or bad target"),
-    ("1=cuda:0?", r"^placement 1=cuda:0\?: unknown suffix '\?'"),
-    ("1=cuda:0!!", r"suffix '!' given twice"),
-    ("1=host~", r"only a device can stream"),
-    ("head=cuda:0~", r"the head cannot be streamed"),
-    ("1-7=cuda:0,3=host", r"^placement 3=host: overlaps 1-7=cuda:0$"),
-    ("2=host,2=cuda:0", r"overlaps 2=host"),
-    ("*=host,*=cuda:0", r"^placement \*=cuda:0: overlaps \*=host$"),
-    ("head=host,HEAD=cuda:0", r"overlaps head=host"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("3-1=host", r"^placement 3-1=host: range 3-1 is backwards$"),
+        ("1=host,,2=host", r"^placement 1=host,,2=host: empty entry$"),
+        ("1=host,", r"empty entry"),
+        ("  ", r"^-placement is empty"),
+        ("1host", r"^placement 1host: missing '='"),
+        ("x=host", r"^placement x=host: bad selector 'x'"),
+        ("-1=host", r"bad selector '-1'"),
+        ("1=", r"^placement 1=: missing or bad target"),
+        ("1=cuda:0?", r"^placement 1=cuda:0\?: unknown suffix '\?'"),
+        ("1=cuda:0!!", r"suffix '!' given twice"),
+        ("1=host~", r"only a device can stream"),
+        ("head=cuda:0~", r"the head cannot be streamed"),
+        ("1-7=cuda:0,3=host", r"^placement 3=host: overlaps 1-7=cuda:0$"),
+        ("2=host,2=cuda:0", r"overlaps 2=host"),
+        ("*=host,*=cuda:0", r"^placement \*=cuda:0: overlaps \*=host$"),
+        ("head=host,HEAD=cuda:0", r"overlaps head=host"),
+    ],
+)
 def test_errors_name_the_entry(text, message):
     with pytest.raises(JitllmError, match=message):
         parse_placement(text)
@@ -63,7 +66,9 @@ def test_errors_name_the_entry(text, message):
 
 def test_validate_against_model_and_devices():
     p = parse_placement("0=host,40=cuda:0")
-    with pytest.raises(JitllmError, match=r"^placement 40=cuda:0: block 40 is past the model's last block 29$"):
+    with pytest.raises(
+        JitllmError, match=r"^placement 40=cuda:0: block 40 is past the model's last block 29$"
+    ):
         p.validate(30, {"cuda:0"})
     with pytest.raises(JitllmError, match=r"block 30 is past the model's last block 29$"):
         parse_placement("25-31=host").validate(30, set())
@@ -81,7 +86,10 @@ def test_with_placement_takes_text_or_a_placement():
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("0123456789-=,*!~ hostcuda:vulkanHEADx?\n")) , max_size=30) | st.text())
+@given(
+    st.text(alphabet=st.sampled_from(list("0123456789-=,*!~ hostcuda:vulkanHEADx?\n")), max_size=30)
+    | st.text()
+)
 def test_any_text_parses_or_raises_jitllm_error(text):
     try:
         p = parse_placement(text)
@@ -94,7 +102,8 @@ def test_any_text_parses_or_raises_jitllm_error(text):
 selectors = st.one_of(
     st.integers(0, 40).map(str),
     st.tuples(st.integers(0, 40), st.integers(0, 40)).map(lambda ab: f"{min(ab)}-{max(ab)}"),
-    st.just("head"), st.just("*"),
+    st.just("head"),
+    st.just("*"),
 )
 targets = st.sampled_from(["host", "cuda:0", "vulkan:1", "metal"])
 suffixes = st.sampled_from(["", "!", "~", "!~", "~!"])

@@ -22,15 +22,23 @@ def gpu(backend: str, ordinal: int, name: str, free: int, **kw) -> GpuDevice:
     return GpuDevice(-1, backend, ordinal, name, free, free, **kw)
 
 
-TWO_UNEQUAL = Inventory.from_views([
-    gpu("cuda", 0, "Slow Small", 2 * GIB, uuid="GPU-s", speed=200.0),
-    gpu("cuda", 1, "Fast Big", 8 * GIB, uuid="GPU-f", speed=1000.0),
-], cpu())
-ONE_CARD_TWO_BACKENDS = Inventory.from_views([
-    gpu("cuda", 0, "NVIDIA H200", 4 * GIB, uuid="GPU-h", speed=4000.0),
-    gpu("vulkan", 0, "NVIDIA H200", 4 * GIB, uuid="GPU-h", speed=4000.0),
-], cpu())
-INTEGRATED = Inventory.from_views([gpu("vulkan", 0, "Intel Iris Xe", 8 * GIB, unified=True)], cpu(free=8 * GIB))
+TWO_UNEQUAL = Inventory.from_views(
+    [
+        gpu("cuda", 0, "Slow Small", 2 * GIB, uuid="GPU-s", speed=200.0),
+        gpu("cuda", 1, "Fast Big", 8 * GIB, uuid="GPU-f", speed=1000.0),
+    ],
+    cpu(),
+)
+ONE_CARD_TWO_BACKENDS = Inventory.from_views(
+    [
+        gpu("cuda", 0, "NVIDIA H200", 4 * GIB, uuid="GPU-h", speed=4000.0),
+        gpu("vulkan", 0, "NVIDIA H200", 4 * GIB, uuid="GPU-h", speed=4000.0),
+    ],
+    cpu(),
+)
+INTEGRATED = Inventory.from_views(
+    [gpu("vulkan", 0, "Intel Iris Xe", 8 * GIB, unified=True)], cpu(free=8 * GIB)
+)
 
 
 def devices(text: str, inventory: Inventory = TWO_UNEQUAL, vram: str | None = None) -> list[DeviceChoice]:
@@ -52,7 +60,9 @@ def test_two_unequal_gpus_fastest_first_then_host():
     )
     assert p.head.device == "host" and p.head.reason.startswith("declined by cuda:0")
     assert [(b.name, b.used_bytes, b.left_bytes) for b in p.budgets] == [
-        ("cuda:1", 80 * MIB, 20 * MIB), ("cuda:0", 80 * MIB, 20 * MIB)]
+        ("cuda:1", 80 * MIB, 20 * MIB),
+        ("cuda:0", 80 * MIB, 20 * MIB),
+    ]
 
 
 def test_everything_fits_on_the_first_device_with_the_head():
@@ -109,11 +119,17 @@ def test_gpu_layers_caps_device_blocks_and_keeps_the_head_home():
 
 
 def test_map_overrides_the_engine():
-    p = plan(BLOCKS, HEAD, devices("cuda:0,cuda:1"),
-             parse_placement("0=host,1-3=cuda:1,4=host!,head=cuda:0"))
+    p = plan(BLOCKS, HEAD, devices("cuda:0,cuda:1"), parse_placement("0=host,1-3=cuda:1,4=host!,head=cuda:0"))
     assert where(p) == ["host", "cuda:1", "cuda:1", "cuda:1", "host"] + ["cuda:0"] * 5
     assert p.blocks[4].pinned and p.blocks[1].reason == "placement 1-3=cuda:1"
     assert p.head.device == "cuda:0" and p.head.reason == "placement head=cuda:0"
+
+
+def test_seam_is_where_the_engine_ran_out_not_a_mapped_block():
+    p = plan(BLOCKS, HEAD, devices("cuda:1=130M"), parse_placement("9=cuda:1!"))
+    assert where(p) == ["cuda:1"] * 2 + ["host"] * 7 + ["cuda:1"]
+    assert p.seam == 1 and p.blocks_on("cuda:1") == [0, 1, 9] and p.device_of(9) == "cuda:1"
+    assert "seam: after block 1 (7 later blocks on the host)" in p.describe()
 
 
 def test_map_conflicting_with_budget_is_best_effort():
@@ -127,8 +143,11 @@ def test_map_conflicting_with_budget_is_best_effort():
 
 def test_strict_map_is_all_or_nothing():
     chosen = devices("cuda:0=100M,cuda:1=1G")
-    with pytest.raises(JitllmError, match=r"^placement 3=cuda:0 cannot be honoured: block 3 needs 40.0 MiB, "
-                                          r"cuda:0 has 20.0 MiB left$"):
+    with pytest.raises(
+        JitllmError,
+        match=r"^placement 3=cuda:0 cannot be honoured: block 3 needs 40.0 MiB, "
+        r"cuda:0 has 20.0 MiB left$",
+    ):
         plan(BLOCKS, HEAD, chosen, parse_placement("1-2=cuda:0,3=cuda:0"), strict=True)
     with pytest.raises(JitllmError, match=r"^placement head=cuda:0 cannot be honoured: head needs 100.0 MiB"):
         plan(BLOCKS, HEAD, chosen, parse_placement("head=cuda:0"), strict=True)
@@ -183,11 +202,17 @@ def test_describe_shows_blocks_seam_declines_and_budgets():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(0, 300), min_size=1, max_size=12), st.integers(0, 300),
-       st.lists(st.integers(0, 600), min_size=0, max_size=3), st.none() | st.integers(0, 14),
-       st.sampled_from([None, "*=gpu:0~", "0-1=gpu:1!", "head=gpu:0,2=host", "*=host"]))
+@given(
+    st.lists(st.integers(0, 300), min_size=1, max_size=12),
+    st.integers(0, 300),
+    st.lists(st.integers(0, 600), min_size=0, max_size=3),
+    st.none() | st.integers(0, 14),
+    st.sampled_from([None, "*=gpu:0~", "0-1=gpu:1!", "head=gpu:0,2=host", "*=host"]),
+)
 def test_budgets_are_never_exceeded_and_every_block_is_placed(sizes, head, budgets, gpu_layers, mapping):
-    inventory = Inventory.from_views([gpu("cuda", i, f"card {i}", GIB, uuid=f"u{i}") for i in range(3)], cpu())
+    inventory = Inventory.from_views(
+        [gpu("cuda", i, f"card {i}", GIB, uuid=f"u{i}") for i in range(3)], cpu()
+    )
     text = ",".join(f"gpu:{i}={b * MIB}" for i, b in enumerate(budgets)) or "cpu"
     chosen = parse_devices(text, inventory)
     placement = parse_placement(mapping) if mapping else None
@@ -203,6 +228,9 @@ def test_budgets_are_never_exceeded_and_every_block_is_placed(sizes, head, budge
         return
     assert len(p.blocks) == len(sizes)
     assert all(b.used_bytes <= b.budget_bytes for b in p.budgets)
-    assert p.seam == max((i for i, a in enumerate(p.blocks) if a.device != "host"), default=None)
+    engine = [i for i, a in enumerate(p.blocks) if a.device != "host" and a.reason.startswith("engine")]
+    assert p.seam == max(engine, default=None)
+    if placement is None:
+        assert p.seam == max((i for i, a in enumerate(p.blocks) if a.device != "host"), default=None)
     if gpu_layers is not None and placement is None:
         assert sum(a.device != "host" for a in p.blocks) <= gpu_layers

@@ -52,11 +52,20 @@ def parts_from_float(wtype: str, w: np.ndarray) -> dict[str, np.ndarray]:
 
 def dequantize(wtype: str, parts: dict[str, np.ndarray]) -> np.ndarray:
     """Layout parts -> float32 [n, k]."""
+    return _dequantize_rows(wtype, {name: _deinterleave(arr) for name, arr in parts.items()})
+
+
+def dequantize_rows(wtype: str, parts: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Only the given rows of the matrix, float32 [len(rows), k] (embedding lookups)."""
+    group, lane = np.divmod(np.asarray(rows, dtype=np.int64), ROW_GROUP)
+    return _dequantize_rows(wtype, {name: arr[group, ..., lane] for name, arr in parts.items()})
+
+
+def _dequantize_rows(wtype: str, rows: dict[str, np.ndarray]) -> np.ndarray:
     if wtype in ("f32", "f16"):
-        w = parts["w"]  # [G, K, R]
-        return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(-1, w.shape[1]), dtype=np.float32)
-    d = _deinterleave(parts["d"]).astype(np.float32)[..., None]  # [n, nb, 1]
-    qs = _deinterleave(parts["qs"])
+        return rows["w"].astype(np.float32)
+    d = rows["d"].astype(np.float32)[..., None]  # [n, nb, 1]
+    qs = rows["qs"]
     if wtype == "q8_0":
         q = qs.astype(np.float32)
     else:
@@ -65,7 +74,7 @@ def dequantize(wtype: str, parts: dict[str, np.ndarray]) -> np.ndarray:
             q -= 8.0
     w = q * d
     if wtype == "q4_1":
-        w += _deinterleave(parts["m"]).astype(np.float32)[..., None]
+        w += rows["m"].astype(np.float32)[..., None]
     return w.reshape(w.shape[0], -1)
 
 

@@ -1,1 +1,7 @@
-"""Lowering of block-kind ONNX graphs to TVM and compilation per target (one module per target)."""
+"""Lowering of block-kind ONNX graphs to TVM and compilation per target (one module per target).
+
+Only this package imports TVM's compiler (relax); the runtime needs TVM's runtime alone.
+"""
+
+APPEND_FUNCTION = "kv_append"
+"""Name of the KV append kernel compiled beside each decoder block's `main`."""

@@ -18,10 +18,11 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.ir.ops import PAGED_ATTENTION, linear_op
+from jitllm.lowering import APPEND_FUNCTION
 from jitllm.lowering.kernels_attention import append_kernel, attention_kernel
 from jitllm.lowering.kernels_linear import linear_kernel
 
-APPEND_FUNCTION = "kv_append"
+
 _PATCH_LOCK = threading.Lock()
 
 

@@ -1,0 +1,1 @@
+"""Model config -> per-block-kind ONNX graphs (weights are graph inputs)."""

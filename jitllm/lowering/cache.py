@@ -1,0 +1,134 @@
+"""Content-addressed cache of compiled block-kind artifacts (DESIGN.md §2).
+
+key = sha256(graph bytes, target dict, arch, jitllm version, TVM version, lowering sources, SCHEMA).
+An artifact is `<dir>/<target>/<kind>-<key>.so` plus a `.json` sidecar holding the .so's sha256, so a
+corrupted artifact is detected, reported and rebuilt. Writes are temp file + os.replace.
+Policy `JITLLM_CACHE`: on (default) | off (never read or write) | redo (rebuild, overwrite) | readonly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import tvm
+
+import jitllm
+from jitllm.errors import JitllmError
+from jitllm.ir.config import BlockKind
+from jitllm.ir.llama import build_block_graph
+
+SCHEMA = 1
+POLICIES = ("on", "off", "redo", "readonly")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("JITLLM_CACHE_DIR") or "cache")
+
+
+def cache_policy() -> str:
+    policy = os.environ.get("JITLLM_CACHE", "on").lower()
+    if policy not in POLICIES:
+        raise JitllmError(f"JITLLM_CACHE={policy!r} is not one of {', '.join(POLICIES)}")
+    return policy
+
+
+@lru_cache(maxsize=1)
+def _lowering_sources_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def artifact_key(kind: BlockKind, target) -> str:
+    h = hashlib.sha256()
+    h.update(build_block_graph(kind).SerializeToString())
+    meta = {"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
+            "lowering": _lowering_sources_digest(), "schema": SCHEMA}
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kind: str
+    key: str
+    path: Path
+    built: bool
+    seconds: float
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _valid(path: Path) -> bool:
+    sidecar = path.with_suffix(".json")
+    try:
+        return json.loads(sidecar.read_text())["sha256"] == _file_digest(path)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _build(kind: BlockKind, target, dest: Path) -> None:
+    try:
+        from jitllm.lowering.onnx_import import to_relax
+    except ImportError:
+        raise JitllmError(
+            f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
+            f"(runtime-only); run `jitllm compile -target {target.name} MODEL` where TVM is complete") from None
+    executable = target.build(to_relax(kind, build_block_graph(kind)))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".so", dir=dest.parent)
+    os.close(fd)
+    try:
+        executable.export_library(tmp)
+        digest = _file_digest(Path(tmp))
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    side_fd, side_tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".json", dir=dest.parent)
+    with os.fdopen(side_fd, "w") as f:
+        json.dump({"sha256": digest, "kind": kind.kind, "target": target.cache_key()}, f)
+    os.replace(side_tmp, dest.with_suffix(".json"))
+
+
+def get_artifact(kind: BlockKind, target, cache_dir: Path | None = None, policy: str | None = None,
+                 log=None) -> Artifact:
+    """The artifact of `kind` for `target`, compiled now if the cache lacks it (reported through `log`)."""
+    policy = policy or cache_policy()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = artifact_key(kind, target)
+    path = root / target.name / f"{kind.kind}-{key}.so"
+    if policy == "off":
+        path = Path(tempfile.mkdtemp(prefix="jitllm-nocache-")) / path.name
+    elif policy in ("on", "readonly") and path.exists():
+        if _valid(path):
+            return Artifact(kind.kind, key, path, False, 0.0)
+        if log:
+            log(f"cache: {path} is corrupt; rebuilding it")
+    if policy == "readonly":
+        path = Path(tempfile.mkdtemp(prefix="jitllm-readonly-")) / path.name
+    start = time.perf_counter()
+    try:
+        _build(kind, target, path)
+    except OSError as e:
+        raise JitllmError(f"cannot write the compile cache at {root}: {e.strerror or e}") from None
+    seconds = time.perf_counter() - start
+    if log:
+        log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {path}")
+    return Artifact(kind.kind, key, path, True, seconds)
+
+
+def stderr_log(message: str) -> None:
+    print(f"jitllm: {message}", file=sys.stderr, flush=True)

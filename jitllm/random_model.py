@@ -1,0 +1,97 @@
+"""Random-weight models of named shapes, written as .jlm (speed work and tests need no downloads).
+
+The tokenizer is byte-level with no merges: ids 0-3 are <s>, </s>, <|im_end|>, <|im_start|>, then the 256 bytes; the
+rest of the vocabulary are padding tokens that never come out of the encoder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from jitllm.errors import JitllmError
+from jitllm.ir.config import ModelConfig
+from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
+from jitllm.jlm import write_jlm
+from jitllm.quant import parts_from_float
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig("llama", 2, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True),
+    "smollm2-135m": ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, 1e-5, tied_head=True),
+    "llama-3.2-1b": ModelConfig("llama", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
+    "llama-3.2-3b": ModelConfig("llama", 28, 3072, 24, 8, 128, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
+}
+SPECIALS = ["<s>", "</s>", "<|im_end|>", "<|im_start|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_tokenizer_json(vocab: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    byte_tokens = sorted(alphabet, key=lambda ch: _byte_of(ch))
+    tokens = SPECIALS + byte_tokens
+    tokens += [f"<pad{i}>" for i in range(vocab - len(tokens))]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok.to_str()
+
+
+def _byte_of(ch: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    code = ord(ch)
+    if code in printable:
+        return code
+    others = [b for b in range(256) if b not in printable]
+    return others[code - 256]
+
+
+def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str = "q4_1", seed: int = 0,
+                       progress=None) -> ModelConfig:
+    """Write a random-weight model; weights ~ N(0, 1/fan_in) quantized to `wtype`, norms near 1."""
+    cfg = PRESETS.get(preset) if isinstance(preset, str) else preset
+    if cfg is None:
+        raise JitllmError(f"unknown model shape {preset!r} (known: {', '.join(PRESETS)})")
+    if cfg.vocab < len(SPECIALS) + 256:
+        raise JitllmError(f"vocab {cfg.vocab} is too small for the byte tokenizer (needs {len(SPECIALS) + 256})")
+    rng = np.random.default_rng(seed)
+    shapes = block_linear_shapes(cfg)
+
+    def matrix(n: int, k: int) -> np.ndarray:
+        return (rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.05 * rng.standard_normal(cfg.hidden)).astype(np.float32)
+
+    def linear(prefix: str, n: int, k: int):
+        return [(f"{prefix}.{part}", arr) for part, arr in parts_from_float(wtype, matrix(n, k)).items()]
+
+    def regions():
+        embd = [(f"token_embd.{p}", a) for p, a in parts_from_float(wtype, matrix(cfg.vocab, cfg.hidden) * 8).items()]
+        yield "globals", embd + [("output_norm", norm())]
+        for i in range(cfg.num_blocks):
+            items = [(f"blk.{i}.attn_norm", norm()), (f"blk.{i}.ffn_norm", norm())]
+            for name in BLOCK_LINEARS:
+                items += linear(f"blk.{i}.{name}", *shapes[name])
+            yield f"block.{i}", items
+
+    meta = {
+        "format": "jitllm-model",
+        "config": cfg.to_json(),
+        "weights": {"token_embd": wtype, "output": wtype, "blocks": [{n: wtype for n in BLOCK_LINEARS}] * cfg.num_blocks},
+        "tokenizer": byte_tokenizer_json(cfg.vocab),
+        "chat_template": CHATML,
+        "bos_token_id": None,
+        "eos_token_id": 1,
+        "stop_token_ids": [1, 2],
+        "add_bos": False,
+        "source": {"kind": "random", "path": preset if isinstance(preset, str) else "custom", "seed": seed},
+    }
+    write_jlm(path, meta, regions(), progress=progress)
+    return cfg

@@ -1,0 +1,1 @@
+"""Devices, placement, KV pages, execution and migration."""

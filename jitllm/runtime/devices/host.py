@@ -1,0 +1,21 @@
+"""The host CPU as a device (llvm target), and simulated devices backed by it for tests and demos."""
+
+from __future__ import annotations
+
+import tvm
+
+from jitllm.lowering import llvm
+from jitllm.runtime.devices.base import Device
+
+HOST = "host"
+
+
+def host_device() -> Device:
+    return Device(HOST, llvm, tvm.cpu(0))
+
+
+def simulated_device(name: str, budget_bytes: int | None = None) -> Device:
+    """A device with its own memory accounting and page pool that computes on the host.
+
+    It stands for a second device wherever the hardware is missing (migration and placement tests)."""
+    return Device(name, llvm, tvm.cpu(0), budget_bytes)

@@ -1,0 +1,138 @@
+"""Runs a model's blocks where the plan put them: weights resident per device, paged KV per session.
+
+Blocks and the head are `Unit`s; each holds its weights on its device and the compiled program of its
+kind for that device (one artifact per kind, shared by every block of the kind). The hidden state
+crosses devices only at seams.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import tvm
+
+from jitllm.errors import JitllmError
+from jitllm.ir.config import BlockKind
+from jitllm.jlm import JlmFile
+from jitllm.lowering.cache import get_artifact
+from jitllm.quant import dequantize_rows
+from jitllm.runtime.devices.base import Device, to_device
+from jitllm.runtime.kv_pages import PagePool, PageTable
+from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.program import Program, load_program
+
+
+@dataclass
+class Unit:
+    """A block (index) or the head, resident on a device."""
+
+    index: int | str
+    kind: BlockKind
+    device: Device
+    weights: list[tvm.runtime.Tensor]
+    nbytes: int
+    program: Program
+
+
+@dataclass
+class Session:
+    """One conversation: its length and, per block, the pages holding its KV."""
+
+    id: int
+    length: int = 0
+    tables: dict[int, PageTable] = field(default_factory=dict)
+
+
+def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(positions, dtype=np.float64)[:, None] * inv
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class Executor:
+    def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
+                 max_sessions: int = 1, cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
+        self.model, self.layout, self.ctx, self.log = model, layout, ctx, log
+        self.cache_dir = cache_dir
+        self.max_sessions = max_sessions
+        self._programs: dict[tuple[BlockKind, str], Program] = {}
+        self.pools: dict[str, PagePool] = {}
+        cfg = layout.config
+        self._cos, self._sin = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
+        embd_parts = {n.split(".", 1)[1]: model.tensor(n) for n in model.tensors if n.startswith("token_embd.")}
+        self._embedding = (layout.embedding_type, embd_parts)
+        self.blocks = [self._load_unit(i, layout.block_kinds[i], placement[i]) for i in range(cfg.num_blocks)]
+        self.head = self._load_unit(HEAD, layout.head, placement[HEAD])
+        self._session_ids = itertools.count()
+
+    # -- loading ---------------------------------------------------------------------------------
+    def program(self, kind: BlockKind, device: Device) -> Program:
+        key = (kind, device.name)
+        if key not in self._programs:
+            artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
+            self._programs[key] = load_program(artifact.path, device.tvm_device, kind.kind == "llama")
+        return self._programs[key]
+
+    def _load_unit(self, index: int | str, kind: BlockKind, device: Device) -> Unit:
+        names = self.layout.tensor_names(index)
+        nbytes = sum(self.model.tensors[n].nbytes for n in names)
+        device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
+        weights = [device.upload(self.model.tensor(n)) for n in names]
+        if kind.kind == "llama":
+            self.pool(device)
+        return Unit(index, kind, device, weights, nbytes, self.program(kind, device))
+
+    def pool(self, device: Device) -> PagePool:
+        """The device's page pool, sized for every block of the model at full context per session."""
+        if device.name not in self.pools:
+            cfg, p = self.layout.config, self.layout.block_kinds[0].page_size
+            pages = cfg.num_blocks * -(-self.ctx // p) * self.max_sessions
+            self.pools[device.name] = PagePool(device, pages, cfg.kv_heads, p, cfg.head_dim)
+        return self.pools[device.name]
+
+    # -- sessions and steps ----------------------------------------------------------------------
+    def new_session(self) -> Session:
+        return Session(next(self._session_ids))
+
+    def close_session(self, session: Session) -> None:
+        for table in session.tables.values():
+            table.release()
+        session.tables.clear()
+
+    def embed(self, ids: list[int]) -> np.ndarray:
+        wtype, parts = self._embedding
+        return dequantize_rows(wtype, parts, np.asarray(ids))
+
+    def forward(self, session: Session, ids: list[int]) -> np.ndarray:
+        """Run `ids` (appended after the session's history) through every block; logits of the last one."""
+        n, past = len(ids), session.length
+        if past + n > self.ctx:
+            raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
+        per_device: dict[str, tuple] = {}
+        x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
+        for unit in self.blocks:
+            dev = unit.device
+            if dev.name not in per_device:
+                per_device[dev.name] = (dev.upload(self._cos[past:past + n][None]),
+                                        dev.upload(self._sin[past:past + n][None]),
+                                        dev.upload(np.array([past], np.int32)))
+            cos, sin, past_t = per_device[dev.name]
+            h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+            table = session.tables.get(unit.index)
+            if table is None:
+                table = session.tables[unit.index] = PageTable(self.pools[dev.name])
+            table.ensure(past + n)
+            pages = self.pools[dev.name].pages
+            y, k, v = unit.program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
+            unit.program.append(pages, k, v, table.tensor(), past_t)
+            x = y
+        session.length = past + n
+        if n > 1:
+            x = x.numpy()[:, -1:]
+        head = self.head
+        h = head.device.upload(x) if isinstance(x, np.ndarray) else to_device(x, head.device)
+        return head.program.main(h, *head.weights).numpy()[0, -1]

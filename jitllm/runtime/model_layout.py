@@ -1,0 +1,51 @@
+"""What a .jlm holds in runtime terms: the block kinds and which file tensor feeds which graph input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitllm.errors import JitllmError
+from jitllm.ir.config import ModelConfig
+from jitllm.ir.llama import BlockKind, head_kind, llama_block_kind, weight_inputs
+from jitllm.jlm import JlmFile
+
+HEAD = "head"
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    config: ModelConfig
+    block_kinds: tuple[BlockKind, ...]
+    head: BlockKind
+    embedding_type: str
+
+    @classmethod
+    def from_file(cls, model: JlmFile, page_size: int = 16) -> "ModelLayout":
+        header = model.header
+        try:
+            cfg = ModelConfig.from_json(header["config"])
+            weights = header["weights"]
+            kinds = tuple(llama_block_kind(cfg, w, page_size) for w in weights["blocks"])
+            head = head_kind(cfg, weights["output"])
+            embedding = weights["token_embd"]
+        except (KeyError, TypeError) as e:
+            raise JitllmError(f"{model.path}: corrupt .jlm header (missing {e})") from None
+        if len(kinds) != cfg.num_blocks:
+            raise JitllmError(f"{model.path}: header lists {len(kinds)} blocks, config says {cfg.num_blocks}")
+        return cls(cfg, kinds, head, embedding)
+
+    def tensor_names(self, unit: int | str) -> list[str]:
+        """File tensor names feeding the weight inputs of a block (by index) or of the head, in call order."""
+        if unit == HEAD:
+            src = "token_embd" if self.config.tied_head else "output"
+            return [n if n == "output_norm" else n.replace("output_", f"{src}.", 1)
+                    for n, _, _ in weight_inputs(self.head)]
+        kind = self.block_kinds[unit]
+        names = []
+        for name, _, _ in weight_inputs(kind):
+            linear = next((s.name for s in kind.linears if name.startswith(s.name + "_")), None)
+            names.append(f"blk.{unit}.{name}" if linear is None else f"blk.{unit}.{linear}.{name[len(linear) + 1:]}")
+        return names
+
+    def unit_bytes(self, model: JlmFile, unit: int | str) -> int:
+        return sum(model.tensors[n].nbytes for n in self.tensor_names(unit))

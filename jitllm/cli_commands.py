@@ -1,5 +1,7 @@
 """The explicit list of CLI verbs (no import magic)."""
 
+from jitllm.commands.compile import compile_command
 from jitllm.commands.hardware import hardware
+from jitllm.commands.run import run
 
-COMMANDS = [hardware]
+COMMANDS = [run, compile_command, hardware]

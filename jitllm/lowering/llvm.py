@@ -11,8 +11,6 @@ from functools import lru_cache
 
 import tvm
 
-name = "llvm"
-
 
 @lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
@@ -26,7 +24,7 @@ def host_cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def target_dict() -> dict:
+def host_target_dict() -> dict:
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         level = "x86-64-v3" if {"avx2", "fma", "f16c"} <= host_cpu_flags() else "x86-64"
@@ -36,18 +34,15 @@ def target_dict() -> dict:
     return {"kind": "llvm"}
 
 
-def tvm_target() -> tvm.target.Target:
-    return tvm.target.Target(target_dict())
+class LlvmTarget:
+    name = "llvm"
 
+    def tvm_target(self) -> tvm.target.Target:
+        return tvm.target.Target(host_target_dict())
 
-def device() -> tvm.runtime.Device:
-    return tvm.cpu(0)
+    def build(self, mod: tvm.IRModule):
+        with tvm.transform.PassContext(opt_level=3):
+            return tvm.compile(mod, target=self.tvm_target())
 
-
-def build(mod: tvm.IRModule):
-    with tvm.transform.PassContext(opt_level=3):
-        return tvm.compile(mod, target=tvm_target())
-
-
-def cache_key() -> dict:
-    return {"target": target_dict(), "arch": platform.machine()}
+    def cache_key(self) -> dict:
+        return {"target": host_target_dict(), "arch": platform.machine()}

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from jitllm.errors import JitllmError
-from jitllm.lowering import llvm
-
-TARGETS: dict[str, ModuleType] = {"llvm": llvm}
+from jitllm.lowering.llvm import LlvmTarget
 
 
-def get_target(name: str) -> ModuleType:
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise JitllmError(f"unknown target {name!r} (known: {', '.join(sorted(TARGETS))})") from None
+def get_target(name: str, arch: str | None = None):
+    """A target object: `.name`, `.build(IRModule)`, `.cache_key()`."""
+    if name == "llvm":
+        return LlvmTarget()
+    if name == "cuda":
+        from jitllm.lowering.cuda import CudaTarget
+
+        return CudaTarget(arch or "sm_90")
+    raise JitllmError(f"unknown target {name!r} (known: llvm, cuda)")

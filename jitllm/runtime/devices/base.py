@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import numpy as np
 import tvm
@@ -13,10 +12,10 @@ from jitllm.errors import JitllmError
 
 @dataclass
 class Device:
-    """Where blocks run. `target` is a jitllm.lowering target module; `budget_bytes` None = unbounded."""
+    """Where blocks run. `target` is a jitllm.lowering target object; `budget_bytes` None = unbounded."""
 
     name: str
-    target: ModuleType
+    target: object
     tvm_device: tvm.runtime.Device
     budget_bytes: int | None = None
     used_bytes: int = 0

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import tvm
 
-from jitllm.lowering import llvm
+from jitllm.lowering.llvm import LlvmTarget
 from jitllm.runtime.devices.base import Device
 
 HOST = "host"
 
 
 def host_device() -> Device:
-    return Device(HOST, llvm, tvm.cpu(0))
+    return Device(HOST, LlvmTarget(), tvm.cpu(0))
 
 
 def simulated_device(name: str, budget_bytes: int | None = None) -> Device:
     """A device with its own memory accounting and page pool that computes on the host.
 
     It stands for a second device wherever the hardware is missing (migration and placement tests)."""
-    return Device(name, llvm, tvm.cpu(0), budget_bytes)
+    return Device(name, LlvmTarget(), tvm.cpu(0), budget_bytes)

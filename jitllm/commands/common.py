@@ -1,0 +1,48 @@
+"""Options shared by the verbs that load and place a model (run, speed, verify)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from jitllm.cli import opt
+
+
+def placement_options(func):
+    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -v."""
+    decorators = [
+        opt("devices", default="auto", show_default=True, help="auto|all|cpu|gpu[:N]|cuda[:ORD]|vulkan[:SEL]|metal, =BYTES each"),
+        opt("vram", default=None, help="one weight budget for every device (3G, 512M, bytes)"),
+        opt("placement", default=None, help="SEL=TARGET[!|~],... (N, A-B, head, *; host or a device)"),
+        opt("placement-strict", "placement_strict", is_flag=True, help="the map is all or nothing"),
+        opt("gpu-layers", "gpu_layers", type=click.IntRange(min=0), default=None, help="cap the blocks offered to devices"),
+        opt("ctx", type=click.IntRange(min=1), default=None, help="context length (default 4096, at most the model's)"),
+        opt("cache", "cache_dir", default=None, help="compiled-artifact cache directory (default ./cache or $JITLLM_CACHE_DIR)"),
+        opt("v", "verbose", is_flag=True, help="print the placement plan"),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
+               cache_dir, verbose: bool):
+    """Load (converting the built-in default when `model_path` is None) and report on stderr."""
+    from jitllm.lowering.cache import stderr_log
+    from jitllm.model import load, with_placement
+
+    if model_path is None:
+        from jitllm.default_model import default_model_path
+
+        model_path = str(default_model_path())
+    option = with_placement(placement, strict=placement_strict) if placement else None
+    log = stderr_log if verbose else _compile_log
+    return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
+                cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log)
+
+
+def _compile_log(message: str) -> None:
+    """Without -v, only compile and cache events reach stderr."""
+    if message.startswith(("compiled", "cache:")):
+        click.echo(f"jitllm: {message}", err=True)

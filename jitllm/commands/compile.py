@@ -1,0 +1,45 @@
+"""`jitllm compile MODEL`: fill the artifact cache ahead of time, one artifact per block kind."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from jitllm.cli import opt
+
+
+@click.command(name="compile")
+@click.argument("model", metavar="MODEL")
+@opt("target", "target_name", type=click.Choice(["llvm", "cuda"]), default="llvm", show_default=True)
+@opt("arch", default=None, help="GPU architecture for cuda (default sm_90)")
+@opt("cache", "cache_dir", default=None, help="cache directory (default ./cache or $JITLLM_CACHE_DIR)")
+def compile_command(model: str, target_name: str, arch: str | None, cache_dir: str | None) -> None:
+    """Compile every block kind of MODEL for a target into the cache."""
+    from jitllm.jlm import JlmFile
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.lowering.targets import get_target
+    from jitllm.runtime.model_layout import ModelLayout
+
+    layout = ModelLayout.from_file(JlmFile(model))
+    target = get_target(target_name, arch)
+    kinds = list(dict.fromkeys([*layout.block_kinds, layout.head]))
+    cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
+    built = cached = 0
+    for kind in kinds:
+        artifact = get_artifact(kind, target, cache_dir)
+        users = [str(i) for i, k in enumerate(layout.block_kinds) if k == kind] or ["head"]
+        what = f"{kind.kind} ({_span(users)})"
+        if artifact.built:
+            built += 1
+            click.echo(f"compiled {what} for {target.name} in {artifact.seconds:.1f}s -> {artifact.path}")
+        else:
+            cached += 1
+            click.echo(f"cached   {what} for {target.name}: {artifact.path}")
+    click.echo(f"{len(kinds)} kinds: {built} compiled, {cached} already cached")
+
+
+def _span(users: list[str]) -> str:
+    if users == ["head"]:
+        return "head"
+    return f"blocks {users[0]}-{users[-1]}" if len(users) > 1 else f"block {users[0]}"

@@ -1,0 +1,39 @@
+"""`jitllm run [MODEL] PROMPT`: stream a completion (or a chat answer) from a .jlm."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from jitllm.cli import opt
+from jitllm.commands.common import load_model, placement_options
+
+
+@click.command()
+@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@opt("n", "max_tokens", type=click.IntRange(min=0), default=256, show_default=True, help="tokens to generate")
+@opt("temp", "temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="0 = greedy")
+@opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary")
+@opt("top-p", "top_p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
+@opt("seed", type=int, default=None, help="sampling seed (reproducible runs)")
+@opt("chat", is_flag=True, help="apply the model's chat template")
+@opt("system", default=None, help="system message (with -chat)")
+@placement_options
+def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, devices, vram, placement,
+        placement_strict, gpu_layers, ctx, cache_dir, verbose) -> None:
+    """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
+    from jitllm.runtime.sampling import SamplingParams
+
+    if len(args) > 2:
+        raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
+    model_path, prompt = (None, args[0]) if len(args) == 1 else args
+    model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir, verbose)
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    for piece in model.generate(prompt, max_tokens, sampling, chat=chat, system=system):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    s = model.last_stats
+    click.echo(f"jitllm: prefill {s.prompt_tokens} tokens at {s.prefill_tps:.1f} tok/s, "
+               f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)

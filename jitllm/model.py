@@ -1,0 +1,120 @@
+"""The public Python API: load a .jlm onto devices, generate text; placement helpers mirror the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from jitllm.errors import JitllmError
+from jitllm.jlm import JlmFile
+from jitllm.runtime.devices.base import Device
+from jitllm.runtime.devices.host import HOST, host_device
+from jitllm.runtime.executor import Executor, Session
+from jitllm.runtime.generation import GenerationStats, generate_ids
+from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
+from jitllm.runtime.planner import Plan, plan
+from jitllm.runtime.sampling import Sampler, SamplingParams
+
+__all__ = ["Model", "load", "Placement", "PlacementOption", "parse_placement", "with_placement", "SamplingParams"]
+
+DEFAULT_CTX = 4096
+
+
+@dataclass
+class Model:
+    path: Path
+    file: JlmFile
+    layout: ModelLayout
+    plan: Plan
+    devices: dict[str, Device]
+    executor: Executor
+    tokenizer: object
+    last_stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def new_session(self) -> Session:
+        return self.executor.new_session()
+
+    def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special=False)
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, sampling: SamplingParams = SamplingParams(),
+                 chat: bool = False, system: str | None = None, session: Session | None = None) -> Iterator[str]:
+        """Stream the answer as text pieces; statistics land in `last_stats`."""
+        ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat, system)
+        if not ids:
+            raise JitllmError("the prompt is empty")
+        if len(ids) + (session.length if session else 0) > self.executor.ctx:
+            raise JitllmError(f"prompt of {len(ids)} tokens is longer than the context of {self.executor.ctx}")
+        own = session is None
+        session = session or self.new_session()
+        self.last_stats = stats = GenerationStats()
+        decoder = self.tokenizer.stream()
+        try:
+            for token in generate_ids(self.executor, session, ids, max_tokens, Sampler(sampling),
+                                      set(self.tokenizer.stop_token_ids), stats):
+                piece = decoder.push(token)
+                if piece:
+                    yield piece
+        finally:
+            if own:
+                self.executor.close_session(session)
+
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(0.0),
+                     session: Session | None = None) -> list[int]:
+        """Token ids only (tests and tools)."""
+        own = session is None
+        session = session or self.new_session()
+        self.last_stats = stats = GenerationStats()
+        try:
+            return list(generate_ids(self.executor, session, prompt_ids, max_tokens, Sampler(sampling),
+                                     set(self.tokenizer.stop_token_ids), stats))
+        finally:
+            if own:
+                self.executor.close_session(session)
+
+
+def _device_for(choice) -> Device:
+    from jitllm.runtime.devices.registry import make_device
+
+    return make_device(choice)
+
+
+def load(path: str | Path, devices: str = "auto", vram: str | None = None,
+         placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
+         ctx: int | None = None, cache_dir: str | Path | None = None,
+         log: Callable[[str], None] | None = None) -> Model:
+    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts."""
+    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.tokenizer import Tokenizer
+
+    file = JlmFile(path)
+    layout = ModelLayout.from_file(file)
+    tokenizer = Tokenizer.from_header(file.header)
+    choices = []
+    if devices.strip().lower() != "cpu":
+        from jitllm.runtime.inventory import detect_inventory
+
+        choices = parse_devices(devices, detect_inventory(), vram)
+    option = placement if isinstance(placement, PlacementOption) or placement is None else with_placement(placement)
+    if option is not None:
+        option.placement.validate(layout.config.num_blocks, {a for c in choices for a in c.aliases} | {HOST})
+    block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
+    the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices,
+                    option.placement if option else None, gpu_layers, option.strict if option else False, host_name=HOST)
+    if log:
+        log(the_plan.describe())
+    devs: dict[str, Device] = {HOST: host_device()}
+    for choice in choices:
+        devs[choice.name] = _device_for(choice)
+    where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
+    where[HEAD] = devs[the_plan.head.device]
+    context = min(ctx or DEFAULT_CTX, layout.config.context)
+    if context < 1:
+        raise JitllmError(f"context must be at least 1 token (got {ctx})")
+    executor = Executor(file, layout, where, context, cache_dir=Path(cache_dir) if cache_dir else None, log=log)
+    return Model(Path(path), file, layout, the_plan, devs, executor, tokenizer)

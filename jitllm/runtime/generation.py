@@ -1,0 +1,47 @@
+"""The generation loop: chunked prefill, then one decode step per token until a stop token or the limit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from jitllm.runtime.executor import Executor, Session
+from jitllm.runtime.sampling import Sampler
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    generated_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def generate_ids(executor: Executor, session: Session, prompt: list[int], max_new_tokens: int, sampler: Sampler,
+                 stop_ids: set[int], stats: GenerationStats, ubatch: int = 512) -> Iterator[int]:
+    """Yield sampled token ids; the first comes after prefill. Stop tokens end the loop unyielded."""
+    start = time.perf_counter()
+    logits = None
+    for at in range(0, len(prompt), ubatch):
+        logits = executor.forward(session, prompt[at:at + ubatch])
+    stats.prompt_tokens += len(prompt)
+    stats.prefill_seconds += time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(max_new_tokens):
+        token = sampler(logits)
+        if token in stop_ids:
+            break
+        stats.generated_tokens += 1
+        yield token
+        if i + 1 < max_new_tokens:
+            logits = executor.forward(session, [token])
+    stats.decode_seconds += time.perf_counter() - start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jitllm.ir.config import BlockKind
+from jitllm.ir.layouts import weight_parts
 from jitllm.ir.llama import weight_inputs
 from jitllm.quant import dequantize, parts_from_float
 
@@ -24,8 +25,7 @@ def random_weights(kind: BlockKind, rng: np.random.Generator) -> dict[str, np.nd
 
 def linear_weight(kind: BlockKind, weights: dict[str, np.ndarray], name: str) -> np.ndarray:
     spec = kind.linear(name)
-    prefix = f"{name}_"
-    parts = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    parts = {part: weights[f"{name}_{part}"] for part, _, _ in weight_parts(spec.wtype, spec.out_features, spec.in_features)}
     return dequantize(spec.wtype, parts)
 
 

@@ -55,10 +55,10 @@ def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray
 
 class Executor:
     def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
-                 max_sessions: int = 1, cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
+                 cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
         self.model, self.layout, self.ctx, self.log = model, layout, ctx, log
         self.cache_dir = cache_dir
-        self.max_sessions = max_sessions
+        self._placement = placement
         self._programs: dict[tuple[BlockKind, str], Program] = {}
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
@@ -87,10 +87,11 @@ class Executor:
         return Unit(index, kind, device, weights, nbytes, self.program(kind, device))
 
     def pool(self, device: Device) -> PagePool:
-        """The device's page pool, sized for every block of the model at full context per session."""
+        """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""
         if device.name not in self.pools:
             cfg, p = self.layout.config, self.layout.block_kinds[0].page_size
-            pages = cfg.num_blocks * -(-self.ctx // p) * self.max_sessions
+            blocks_here = sum(1 for i in range(cfg.num_blocks) if self._placement[i] is device)
+            pages = max(1, blocks_here) * max(1, -(-self.ctx // (4 * p)))
             self.pools[device.name] = PagePool(device, pages, cfg.kv_heads, p, cfg.head_dim)
         return self.pools[device.name]
 

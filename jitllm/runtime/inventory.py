@@ -7,6 +7,8 @@ machine with no GPU is simply a CPU machine. Tests build an Inventory by hand wi
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import os
 import re
@@ -194,12 +196,26 @@ def _text(value: bytes | str) -> str:
 
 # ---- Vulkan and Metal through wgpu ---------------------------------------------------------------
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Vulkan drivers print setup chatter (XDG_RUNTIME_DIR, ICD probing) straight to fd 2."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _wgpu_views(cpu: CpuInfo) -> list[tuple[GpuDevice, int]]:
     """Vulkan adapters (and Metal on macOS) in wgpu's order, each with its PCI id."""
     try:
-        import wgpu
+        with _quiet_stderr():
+            import wgpu
 
-        adapters = wgpu.gpu.enumerate_adapters_sync()
+            adapters = wgpu.gpu.enumerate_adapters_sync()
     except Exception:  # a missing or broken native driver must not stop detection
         return []
     views, ordinals = [], {"vulkan": 0, "metal": 0}

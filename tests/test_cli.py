@@ -1,0 +1,107 @@
+"""The CLI as a user meets it: real runs, and every bad input answered by one line and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def jitllm(*args: str, cache: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JITLLM_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-m", "jitllm", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=600)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("jitllm: error:"), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_help_lists_the_verbs(cache_dir):
+    out = jitllm("--help", cache=cache_dir)
+    assert out.returncode == 0
+    for verb in ("run", "convert", "compile", "hardware"):
+        assert verb in out.stdout
+
+
+def test_run_greedy_is_reproducible_and_reports_speed(tiny_model, cache_dir):
+    args = ("run", "-n", "8", "-temp", "0", "--devices", "cpu", str(tiny_model), "hello")
+    first, second = jitllm(*args, cache=cache_dir), jitllm(*args, cache=cache_dir)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert "decode" in first.stderr and "tok/s" in first.stderr
+
+
+def test_run_seeded_sampling_is_reproducible(tiny_model, cache_dir):
+    args = ("run", "-n", "8", "-temp", "1.0", "-top-k", "0", "-seed", "3", "-devices", "cpu", str(tiny_model), "hi")
+    assert jitllm(*args, cache=cache_dir).stdout == jitllm(*args, cache=cache_dir).stdout
+
+
+def test_compile_reports_compiled_then_cached(tiny_model, tmp_path):
+    first = jitllm("compile", str(tiny_model), cache=tmp_path)
+    second = jitllm("compile", str(tiny_model), "-cache", str(tmp_path), cache=tmp_path / "unused")
+    assert first.returncode == 0 and "2 compiled, 0 already cached" in first.stdout
+    assert second.returncode == 0 and "0 compiled, 2 already cached" in second.stdout
+    assert not (tmp_path / "unused").exists()
+
+
+def test_run_compiles_missing_artifacts_and_says_so(tiny_model, tmp_path):
+    out = jitllm("run", "-n", "2", "-devices", "cpu", str(tiny_model), "x", cache=tmp_path)
+    assert out.returncode == 0
+    assert "compiled llama for llvm in" in out.stderr
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "model file not found"),
+    (b"", "too short"),
+    (b"GGUF\x03\x00\x00\x00" + b"\x00" * 40, "not a .jlm"),
+    (b"PK\x03\x04 something else entirely", "bad magic"),
+])
+def test_bad_model_files(tmp_path, cache_dir, content, needle):
+    path = tmp_path / "m.jlm"
+    if content is not None:
+        path.write_bytes(content)
+    assert_one_line_error(jitllm("run", "-devices", "cpu", str(path), "hi", cache=cache_dir), needle)
+
+
+def test_truncated_and_wrong_version_model(tiny_model, tmp_path, cache_dir):
+    data = tiny_model.read_bytes()
+    cut = tmp_path / "cut.jlm"
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(jitllm("run", "-devices", "cpu", str(cut), "hi", cache=cache_dir), "truncated")
+    newer = tmp_path / "v9.jlm"
+    newer.write_bytes(data[:8] + (9).to_bytes(4, "little") + data[12:])
+    assert_one_line_error(jitllm("run", "-devices", "cpu", str(newer), "hi", cache=cache_dir), "version 9")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("-temp", "hot"), "hot"),
+    (("-n", "-5"), "-5"),
+    (("-top-p", "2"), "2"),
+    (("-devices", "cpu=3Q"), "3Q"),
+    (("-devices", "gpu:7"), "gpu"),
+    (("-placement", "3-1=host"), "backwards"),
+    (("-placement", "99=host"), "99"),
+    (("-bogus",), "bogus"),
+])
+def test_bad_flags(tiny_model, cache_dir, args, needle):
+    assert_one_line_error(jitllm("run", *args, str(tiny_model), "hi", cache=cache_dir), needle)
+
+
+def test_prompt_longer_than_context(tiny_model, cache_dir):
+    out = jitllm("run", "-devices", "cpu", "-ctx", "8", str(tiny_model), "a long prompt " * 10, cache=cache_dir)
+    assert_one_line_error(out, "longer than the context")
+
+
+def test_bad_cache_policy(tiny_model, cache_dir):
+    env_out = subprocess.run([sys.executable, "-m", "jitllm", "compile", str(tiny_model)], capture_output=True,
+                             text=True, env=dict(os.environ, JITLLM_CACHE="sometimes", JITLLM_CACHE_DIR=str(cache_dir)))
+    assert_one_line_error(env_out, "JITLLM_CACHE")

@@ -85,7 +85,7 @@ def _build(kind: BlockKind, target, dest: Path) -> None:
         raise JitllmError(
             f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
             f"(runtime-only); run `jitllm compile -target {target.name} MODEL` where TVM is complete") from None
-    executable = target.build(to_relax(kind, build_block_graph(kind)))
+    executable = target.build(to_relax(kind, build_block_graph(kind), target))
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".so", dir=dest.parent)
     os.close(fd)

@@ -35,7 +35,25 @@ def host_target_dict() -> dict:
 
 
 class LlvmTarget:
+    """Host CPU kernels: kernels_linear.py and kernels_attention.py (imported only to compile, since a
+    runtime-only TVM has no TVMScript)."""
+
     name = "llvm"
+
+    def linear_kernel(self, wtype: str, n: int, k: int):
+        from jitllm.lowering.kernels_linear import linear_kernel
+
+        return linear_kernel(wtype, n, k)
+
+    def attention_kernel(self, kind):
+        from jitllm.lowering.kernels_attention import attention_kernel
+
+        return attention_kernel(kind)
+
+    def append_kernel(self, kind):
+        from jitllm.lowering.kernels_attention import append_kernel
+
+        return append_kernel(kind)
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target(host_target_dict())

@@ -4,6 +4,8 @@ TVM's ONNX importer knows nothing of jitllm's functions; for the duration of one
 converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call_tir` of a kernel from
 kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
 The KV append kernel is added beside `main` and called by the runtime after each block step.
+The kernels come from the target (`linear_kernel`, `attention_kernel`, `append_kernel`), so each
+target brings kernels written for its hardware while the graph stays the same.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.ir.ops import PAGED_ATTENTION, linear_op
 from jitllm.lowering import APPEND_FUNCTION
-from jitllm.lowering.kernels_attention import append_kernel, attention_kernel
-from jitllm.lowering.kernels_linear import linear_kernel
 
 
 _PATCH_LOCK = threading.Lock()
@@ -34,7 +34,7 @@ def _add_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc) ->
     return bb.add_func(func, symbol)
 
 
-def _linear_converter(wtype: str):
+def _linear_converter(wtype: str, target):
     class Linear:
         @classmethod
         def get_converter(cls, opset):
@@ -51,7 +51,7 @@ def _linear_converter(wtype: str):
             m = 1
             for dim in lead:
                 m = m * dim
-            symbol, func = linear_kernel(wtype, n, k)
+            symbol, func = target.linear_kernel(wtype, n, k)
             gv = _add_kernel(bb, symbol, func)
             x_shape = [m, k] if wtype in ("f32", "f16") else [m, k // QUANT_BLOCK, QUANT_BLOCK]
             x2 = bb.emit(relax.op.reshape(x, x_shape))
@@ -61,7 +61,7 @@ def _linear_converter(wtype: str):
     return Linear
 
 
-def _attention_converter(kind: BlockKind):
+def _attention_converter(kind: BlockKind, target):
     class PagedAttention:
         @classmethod
         def get_converter(cls, opset):
@@ -70,7 +70,7 @@ def _attention_converter(kind: BlockKind):
         @classmethod
         def _impl(cls, bb, inputs, attr, params):
             inputs = [bb.normalize(i) for i in inputs]
-            symbol, func = attention_kernel(kind)
+            symbol, func = target.attention_kernel(kind)
             gv = _add_kernel(bb, symbol, func)
             return relax.call_tir(gv, inputs, inputs[0].ty)
 
@@ -78,9 +78,9 @@ def _attention_converter(kind: BlockKind):
 
 
 @contextlib.contextmanager
-def _custom_ops(kind: BlockKind):
-    extra = {linear_op(w): _linear_converter(w) for w in WEIGHT_TYPES}
-    extra[PAGED_ATTENTION] = _attention_converter(kind)
+def _custom_ops(kind: BlockKind, target):
+    extra = {linear_op(w): _linear_converter(w, target) for w in WEIGHT_TYPES}
+    extra[PAGED_ATTENTION] = _attention_converter(kind, target)
     with _PATCH_LOCK:
         original = onnx_frontend._get_convert_map
         onnx_frontend._get_convert_map = lambda: {**original(), **extra}
@@ -90,14 +90,14 @@ def _custom_ops(kind: BlockKind):
             onnx_frontend._get_convert_map = original
 
 
-def to_relax(kind: BlockKind, model: onnx.ModelProto) -> tvm.IRModule:
+def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     """Import the block graph; `main` takes (activations..., weights...) in graph-input order."""
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]
-    with _custom_ops(kind):
+    with _custom_ops(kind, target):
         mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
     if kind.kind == "llama":
-        symbol, func = append_kernel(kind)
+        _, func = target.append_kernel(kind)
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
     return mod

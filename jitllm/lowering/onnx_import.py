@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, WEIGHT_TYPES, BlockKind
+from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.ir.ops import PAGED_ATTENTION, linear_op
 from jitllm.lowering import APPEND_FUNCTION
 
@@ -53,9 +53,11 @@ def _linear_converter(wtype: str, target):
                 m = m * dim
             symbol, func = target.linear_kernel(wtype, n, k)
             gv = _add_kernel(bb, symbol, func)
-            x_shape = [m, k] if wtype in ("f32", "f16") else [m, k // QUANT_BLOCK, QUANT_BLOCK]
-            x2 = bb.emit(relax.op.reshape(x, x_shape))
-            y = bb.emit(relax.call_tir(gv, [x2, *parts], relax.TensorType([m, g, ROW_GROUP], "float32")))
+            # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
+            x_buf, y_buf = func.params[0], func.params[-1]
+            x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
+            y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
+            y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
             return relax.op.reshape(y, [*lead, n])
 
     return Linear

@@ -1,0 +1,72 @@
+"""The CUDA target: kernels from kernels_gpu.py, dlight schedules, nvcc-compiled GPU code keyed by arch.
+
+Artifacts must hold compiled GPU code, not CUDA source (a runtime-only TVM cannot compile source), so
+the build forces nvcc and, without a driver, runs on a stub libcuda (cuda_runtime.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+
+
+class CudaTarget:
+    name = "cuda"
+
+    def __init__(self, arch: str = "sm_90") -> None:
+        if not arch.startswith("sm_"):
+            from jitllm.errors import JitllmError
+
+            raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90)")
+        self.arch = arch
+
+    def tvm_target(self) -> tvm.target.Target:
+        return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
+
+    def cache_key(self) -> dict:
+        return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm"}
+
+    def linear_kernel(self, wtype: str, n: int, k: int):
+        from jitllm.lowering.kernels_gpu import linear_kernel
+
+        return linear_kernel(wtype, n, k)
+
+    def attention_kernel(self, kind):
+        from jitllm.lowering.kernels_gpu import attention_kernel
+
+        return attention_kernel(kind)
+
+    def append_kernel(self, kind):
+        from jitllm.lowering.kernels_gpu import append_kernel
+
+        return append_kernel(kind)
+
+    def build(self, mod: tvm.IRModule):
+        from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+
+        ensure_cuda_runtime(allow_stub=True)
+        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+        target = self.tvm_target()
+        with target, tvm.transform.PassContext(opt_level=3):
+            return tvm.compile(mod, target=target, relax_pipeline=_pipeline(target))
+
+
+def _pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's CUDA pipeline with our dlight rule order (LowBatchGEMV before Matmul: DESIGN.md §3)."""
+    from tvm import relax
+    from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+    from tvm.s_tir import dlight as dl
+
+    legalize = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Matmul(), dl.gpu.Reduction(),
+                                dl.gpu.GeneralReduction(), dl.gpu.Fallback()),
+    ]
+    return tvm.transform.Sequential(
+        cuda_pipeline.library_dispatch_passes(target) + legalize
+        + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))

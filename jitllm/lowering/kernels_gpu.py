@@ -1,0 +1,174 @@
+"""GPU kernels (CUDA and other SIMT targets) for jitllm's custom ops.
+
+- Linear: an unscheduled compute definition (dequantize + matmul over the row-interleaved layouts);
+  dlight schedules it (GEMV rules for decode, matmul for prefill) when the target builds the module.
+- Paged attention: one thread block per (sequence, query, head), NT threads stepping through the
+  history in chunks of NT positions with an online softmax; thread t < D owns output dim t.
+- KV append: one thread block per (sequence, new token, KV head), one thread per head dim.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, BlockKind
+
+R = ROW_GROUP
+NT = 128  # threads per attention block: must be >= head_dim and a power of two
+
+
+def _i64(v: int) -> tirx.IntImm:
+    return tirx.IntImm("int64", v)
+
+
+def linear_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc]:
+    symbol = f"jl_gpu_linear_{wtype}_{n}x{k}"
+    g, nb = n // R, k // QUANT_BLOCK
+    m = tirx.Var("m", "int64")
+    x = te.placeholder((m, _i64(k)), "float32", name="x")
+    if wtype in ("f32", "f16"):
+        w = te.placeholder((_i64(g), _i64(k), _i64(R)), "float32" if wtype == "f32" else "float16", name="w")
+        parts = [w]
+
+        def weight(row, col):
+            return w[row // R, col, row % R].astype("float32")
+    else:
+        qshape = (_i64(g), _i64(nb), _i64(32 if wtype == "q8_0" else 16), _i64(R))
+        qs = te.placeholder(qshape, "int8" if wtype == "q8_0" else "uint8", name="qs")
+        d = te.placeholder((_i64(g), _i64(nb), _i64(R)), "float16", name="d")
+        parts = [qs, d]
+        if wtype == "q4_1":
+            mn = te.placeholder((_i64(g), _i64(nb), _i64(R)), "float16", name="mn")
+            parts.append(mn)
+
+        def weight(row, col):
+            grp, lane, blk, j = row // R, row % R, col // QUANT_BLOCK, col % QUANT_BLOCK
+            scale = d[grp, blk, lane].astype("float32")
+            if wtype == "q8_0":
+                return scale * qs[grp, blk, j, lane].astype("float32")
+            shift = (j // 16 * 4).astype("uint8")
+            nibble = tirx.bitwise_and(tirx.shift_right(qs[grp, blk, j % 16, lane], shift), tirx.const(15, "uint8"))
+            if wtype == "q4_0":
+                return scale * (nibble.astype("float32") - 8.0)
+            return scale * nibble.astype("float32") + mn[grp, blk, lane].astype("float32")
+
+    wmat = te.compute((_i64(n), _i64(k)), weight, name="dequant")
+    red = te.reduce_axis((_i64(0), _i64(k)), name="k")
+    y = te.compute((m, _i64(n)), lambda i, j: te.sum(x[i, red] * wmat[j, red], axis=red), name="matmul")
+    func = te.create_prim_func([x, *parts, y])
+    return symbol, func.with_attr("global_symbol", symbol)
+
+
+def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    c, P = kind.config, kind.page_size
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    GROUP = H // HKV
+    scale = 1.0 / (D ** 0.5)
+    if D > NT:
+        raise ValueError(f"head_dim {D} > {NT} threads")
+    symbol = f"jl_gpu_paged_attention_h{H}_kv{HKV}_d{D}_p{P}"
+
+    @T.prim_func
+    def f(q_h: T.handle, k_h: T.handle, v_h: T.handle, pages_h: T.handle, pt_h: T.handle, past_h: T.handle,
+          out_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        S = T.int64()
+        NP = T.int64()
+        MP = T.int64()
+        q = T.match_buffer(q_h, (B, S, H, D), "float32")
+        k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
+        v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pt = T.match_buffer(pt_h, (B, MP), "int32")
+        past = T.match_buffer(past_h, (B,), "int32")
+        out = T.match_buffer(out_h, (B, S, H, D), "float32")
+        for bsh in T.thread_binding(B * S * H, thread="blockIdx.x"):
+            for tx in T.thread_binding(T.int64(NT), thread="threadIdx.x"):
+                probs = T.alloc_buffer((NT,), "float32", scope="shared")
+                red = T.alloc_buffer((NT,), "float32", scope="shared")
+                st = T.alloc_buffer((4,), "float32", scope="local")  # running max, denominator, acc, score
+                b: T.let = bsh // (S * H)
+                s: T.let = bsh // H % S
+                h: T.let = bsh % H
+                kv: T.let = h // GROUP
+                n: T.let = T.Cast("int64", past[b])
+                total: T.let = n + s + 1
+                st[0] = T.float32(-3.0e38)
+                st[1] = T.float32(0)
+                st[2] = T.float32(0)
+                for chunk in T.serial((total + NT - 1) // NT):
+                    t: T.let = chunk * NT + tx
+                    st[3] = T.float32(-3.0e38)
+                    if t < total:
+                        st[3] = T.float32(0)
+                        for dd in T.serial(D):
+                            st[3] = st[3] + q[b, s, h, dd] * T.if_then_else(
+                                t < n, pages[T.Cast("int64", pt[b, T.min(t, n) // P]), 0, kv, T.min(t, n) % P, dd],
+                                k[b, T.max(t - n, T.int64(0)), kv, dd])
+                        st[3] = st[3] * T.float32(scale)
+                    red[tx] = st[3]
+                    T.tvm_storage_sync("shared")
+                    for lvl in T.serial(7):
+                        half: T.let = T.shift_right(T.int64(64), T.Cast("int64", lvl))
+                        if tx < half:
+                            red[tx] = T.max(red[tx], red[tx + half])
+                        T.tvm_storage_sync("shared")
+                    new_max: T.let = T.max(st[0], red[0])
+                    T.tvm_storage_sync("shared")
+                    probs[tx] = T.if_then_else(t < total, T.exp(st[3] - new_max), T.float32(0))
+                    red[tx] = probs[tx]
+                    T.tvm_storage_sync("shared")
+                    for lvl in T.serial(7):
+                        half: T.let = T.shift_right(T.int64(64), T.Cast("int64", lvl))
+                        if tx < half:
+                            red[tx] = red[tx] + red[tx + half]
+                        T.tvm_storage_sync("shared")
+                    rescale: T.let = T.exp(st[0] - new_max)
+                    st[1] = st[1] * rescale + red[0]
+                    if tx < D:
+                        st[2] = st[2] * rescale
+                        for i in T.serial(NT):
+                            ti: T.let = chunk * NT + i
+                            if ti < total:
+                                st[2] = st[2] + probs[i] * T.if_then_else(
+                                    ti < n, pages[T.Cast("int64", pt[b, T.min(ti, n) // P]), 1, kv, T.min(ti, n) % P, tx],
+                                    v[b, T.max(ti - n, T.int64(0)), kv, tx])
+                    st[0] = new_max
+                    T.tvm_storage_sync("shared")
+                if tx < D:
+                    out[b, s, h, tx] = st[2] / st[1]
+
+    return symbol, f.with_attr("global_symbol", symbol)
+
+
+def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    c, P = kind.config, kind.page_size
+    HKV, D = c.kv_heads, c.head_dim
+    symbol = f"jl_gpu_kv_append_kv{HKV}_d{D}_p{P}"
+
+    @T.prim_func
+    def f(pages_h: T.handle, k_h: T.handle, v_h: T.handle, pt_h: T.handle, past_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        S = T.int64()
+        NP = T.int64()
+        MP = T.int64()
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
+        v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
+        pt = T.match_buffer(pt_h, (B, MP), "int32")
+        past = T.match_buffer(past_h, (B,), "int32")
+        for bsh in T.thread_binding(B * S * HKV, thread="blockIdx.x"):
+            for dd in T.thread_binding(T.int64(D), thread="threadIdx.x"):
+                b: T.let = bsh // (S * HKV)
+                s: T.let = bsh // HKV % S
+                h: T.let = bsh % HKV
+                pos: T.let = T.Cast("int64", past[b]) + s
+                page: T.let = T.Cast("int64", pt[b, pos // P])
+                pages[page, 0, h, pos % P, dd] = k[b, s, h, dd]
+                pages[page, 1, h, pos % P, dd] = v[b, s, h, dd]
+
+    return symbol, f.with_attr("global_symbol", symbol)

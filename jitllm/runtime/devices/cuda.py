@@ -1,0 +1,26 @@
+"""CUDA devices through TVM's CUDA runtime; artifacts are compiled for the device's own arch."""
+
+from __future__ import annotations
+
+import tvm
+
+from jitllm.errors import JitllmError
+from jitllm.lowering.cuda import CudaTarget
+from jitllm.runtime.devices.base import Device
+
+
+def cuda_arch(ordinal: int) -> str:
+    version = tvm.cuda(ordinal).compute_version  # e.g. "9.0"
+    major, minor = version.split(".")
+    return f"sm_{major}{minor}"
+
+
+def cuda_device(choice) -> Device:
+    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+
+    ensure_cuda_runtime(allow_stub=False)
+    ordinal = choice.device.ordinal
+    dev = tvm.cuda(ordinal)
+    if not dev.exist:
+        raise JitllmError(f"{choice.name}: no such CUDA device")
+    return Device(choice.name, CudaTarget(cuda_arch(ordinal)), dev, choice.budget_bytes)

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jitllm.errors import JitllmError
+from jitllm.errors import DeviceFault, JitllmError
 from jitllm.jlm import JlmFile
 from jitllm.runtime.devices.base import Device
 from jitllm.runtime.devices.host import HOST, host_device
 from jitllm.runtime.executor import Executor, Session
 from jitllm.runtime.generation import GenerationStats, generate_ids
+from jitllm.runtime.migration import MoveReport, move_units
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
 from jitllm.runtime.planner import Plan, plan
@@ -32,9 +33,44 @@ class Model:
     executor: Executor
     tokenizer: object
     last_stats: GenerationStats = field(default_factory=GenerationStats)
+    no_gpu_fallback: bool = False
+    move_schedule: dict[int, list[str]] = field(default_factory=dict)
+    """Moves to make after the Nth generated token (CLI -move-at): token -> ["SEL=TARGET", ...]."""
+    log: Callable[[str], None] | None = None
+
+    def _log(self, message: str) -> None:
+        if self.log is not None:
+            self.log(message)
+
+    def _scheduled_moves(self, produced: int) -> list[MoveReport]:
+        reports: list[MoveReport] = []
+        for spec in self.move_schedule.get(produced, []):
+            reports += move_units(self, spec)
+        return reports
 
     def new_session(self) -> Session:
         return self.executor.new_session()
+
+    def move(self, blocks: str, target: str) -> list[MoveReport]:
+        """Move blocks (a selector: `8`, `8-15`, `head`, `*`) to `target` (`host` or a device) between two
+        steps, with every live session's KV pages. All or nothing: on any error nothing has moved."""
+        return move_units(self, f"{blocks}={target}")
+
+    def fall_back_to_host(self) -> list[str]:
+        """Bring every unit home after a device failure, dropping KV held on devices (recomputed later)."""
+        host = self.devices[HOST]
+        moved = []
+        for unit in [*self.executor.blocks, self.executor.head]:
+            if unit.device is not host:
+                for session in self.executor.sessions.values():
+                    self.executor.reset_session(session)
+                moved.append(unit.device.name)
+                unit.device.release(unit.nbytes)
+                host.reserve(unit.nbytes, "weights")
+                unit.weights = [host.upload(self.file.tensor(n)) for n in self.layout.tensor_names(unit.index)]
+                unit.program = self.executor.program(unit.kind, host)
+                unit.device = host
+        return sorted(set(moved))
 
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
@@ -46,6 +82,20 @@ class Model:
                  chat: bool = False, system: str | None = None, session: Session | None = None) -> Iterator[str]:
         """Stream the answer as text pieces; statistics land in `last_stats`."""
         ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat, system)
+        decoder = self.tokenizer.stream()
+        for token in self.generate_tokens(ids, max_tokens, sampling, session):
+            piece = decoder.push(token)
+            if piece:
+                yield piece
+
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(0.0),
+                     session: Session | None = None) -> list[int]:
+        return list(self.generate_tokens(prompt_ids, max_tokens, sampling, session))
+
+    def generate_tokens(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
+                        session: Session | None = None) -> Iterator[int]:
+        """Token ids as they are sampled, with scheduled moves between steps and, after a device
+        failure, the rest finished on the host (unless no_gpu_fallback)."""
         if not ids:
             raise JitllmError("the prompt is empty")
         if len(ids) + (session.length if session else 0) > self.executor.ctx:
@@ -53,26 +103,25 @@ class Model:
         own = session is None
         session = session or self.new_session()
         self.last_stats = stats = GenerationStats()
-        decoder = self.tokenizer.stream()
+        sampler = Sampler(sampling)
+        stops = set(self.tokenizer.stop_token_ids)
+        generated: list[int] = []
         try:
-            for token in generate_ids(self.executor, session, ids, max_tokens, Sampler(sampling),
-                                      set(self.tokenizer.stop_token_ids), stats):
-                piece = decoder.push(token)
-                if piece:
-                    yield piece
-        finally:
-            if own:
-                self.executor.close_session(session)
-
-    def generate_ids(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams = SamplingParams(0.0),
-                     session: Session | None = None) -> list[int]:
-        """Token ids only (tests and tools)."""
-        own = session is None
-        session = session or self.new_session()
-        self.last_stats = stats = GenerationStats()
-        try:
-            return list(generate_ids(self.executor, session, prompt_ids, max_tokens, Sampler(sampling),
-                                     set(self.tokenizer.stop_token_ids), stats))
+            while True:
+                try:
+                    for token in generate_ids(self.executor, session, ids + generated, max_tokens - len(generated),
+                                              sampler, stops, stats):
+                        generated.append(token)
+                        yield token
+                        for report in self._scheduled_moves(len(generated)):
+                            self._log(report.describe())
+                    return
+                except DeviceFault as fault:
+                    if self.no_gpu_fallback:
+                        raise JitllmError(f"{fault} (-no-gpu-fallback is set)") from None
+                    self._log(f"warning: {fault}; finishing on the CPU")
+                    self.fall_back_to_host()
+                    self.executor.reset_session(session)
         finally:
             if own:
                 self.executor.close_session(session)
@@ -87,8 +136,12 @@ def _device_for(choice) -> Device:
 def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
-         log: Callable[[str], None] | None = None) -> Model:
-    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts."""
+         log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
+         extra_devices: list[Device] | None = None) -> Model:
+    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
+
+    `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
+    devices standing in for missing hardware)."""
     from jitllm.runtime.device_spec import parse_devices
     from jitllm.tokenizer import Tokenizer
 
@@ -111,10 +164,13 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     devs: dict[str, Device] = {HOST: host_device()}
     for choice in choices:
         devs[choice.name] = _device_for(choice)
+    for extra in extra_devices or []:
+        devs[extra.name.lower()] = extra
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]
     context = min(ctx or DEFAULT_CTX, layout.config.context)
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {ctx})")
     executor = Executor(file, layout, where, context, cache_dir=Path(cache_dir) if cache_dir else None, log=log)
-    return Model(Path(path), file, layout, the_plan, devs, executor, tokenizer)
+    return Model(Path(path), file, layout, the_plan, devs, executor, tokenizer, no_gpu_fallback=no_gpu_fallback,
+                 log=log)

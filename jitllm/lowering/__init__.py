@@ -5,3 +5,6 @@ Only this package imports TVM's compiler (relax); the runtime needs TVM's runtim
 
 APPEND_FUNCTION = "kv_append"
 """Name of the KV append kernel compiled beside each decoder block's `main`."""
+EXPORT_PAGES = "export_pages"
+IMPORT_PAGES = "import_pages"
+"""Page copy kernels compiled beside each decoder block (migration moves KV pages with them)."""

@@ -21,6 +21,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.ir.ops import PAGED_ATTENTION, linear_op
 from jitllm.lowering import APPEND_FUNCTION
+from jitllm.lowering.kernels_pages import page_kernels
 
 
 _PATCH_LOCK = threading.Lock()
@@ -102,4 +103,6 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     if kind.kind == "llama":
         _, func = target.append_kernel(kind)
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
+        for name, func in page_kernels(kind, gpu=target.name != "llvm").items():
+            mod[name] = func
     return mod

@@ -15,12 +15,13 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from jitllm.errors import JitllmError
+from jitllm.errors import DeviceFault, JitllmError
 from jitllm.ir.config import BlockKind
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.quant import dequantize_rows
 from jitllm.runtime.devices.base import Device, to_device
+from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
@@ -45,6 +46,7 @@ class Session:
     id: int
     length: int = 0
     tables: dict[int, PageTable] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +70,7 @@ class Executor:
         self.blocks = [self._load_unit(i, layout.block_kinds[i], placement[i]) for i in range(cfg.num_blocks)]
         self.head = self._load_unit(HEAD, layout.head, placement[HEAD])
         self._session_ids = itertools.count()
+        self.sessions: dict[int, Session] = {}
 
     # -- loading ---------------------------------------------------------------------------------
     def program(self, kind: BlockKind, device: Device) -> Program:
@@ -96,13 +99,25 @@ class Executor:
         return self.pools[device.name]
 
     # -- sessions and steps ----------------------------------------------------------------------
+    def unit(self, index: int | str) -> Unit:
+        return self.head if index == HEAD else self.blocks[index]
+
     def new_session(self) -> Session:
-        return Session(next(self._session_ids))
+        session = Session(next(self._session_ids))
+        self.sessions[session.id] = session
+        return session
 
     def close_session(self, session: Session) -> None:
+        self.reset_session(session)
+        self.sessions.pop(session.id, None)
+
+    def reset_session(self, session: Session) -> None:
+        """Forget the session's history (its pages go back to their pools)."""
         for table in session.tables.values():
             table.release()
         session.tables.clear()
+        session.length = 0
+        session.tokens = []
 
     def embed(self, ids: list[int]) -> np.ndarray:
         wtype, parts = self._embedding
@@ -122,18 +137,37 @@ class Executor:
                                         dev.upload(self._sin[past:past + n][None]),
                                         dev.upload(np.array([past], np.int32)))
             cos, sin, past_t = per_device[dev.name]
+            _check_fault(dev)
             h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
             table = session.tables.get(unit.index)
             if table is None:
                 table = session.tables[unit.index] = PageTable(self.pools[dev.name])
             table.ensure(past + n)
             pages = self.pools[dev.name].pages
-            y, k, v = unit.program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
-            unit.program.append(pages, k, v, table.tensor(), past_t)
+            try:
+                y, k, v = unit.program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
+                unit.program.append(pages, k, v, table.tensor(), past_t)
+            except Exception as e:  # TVM reports device failures (allocation, launch) as its own errors
+                if dev.name == HOST_NAME:
+                    raise
+                raise DeviceFault(dev.name, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from e
             x = y
         session.length = past + n
+        session.tokens += ids
         if n > 1:
             x = x.numpy()[:, -1:]
         head = self.head
+        _check_fault(head.device)
         h = head.device.upload(x) if isinstance(x, np.ndarray) else to_device(x, head.device)
-        return head.program.main(h, *head.weights).numpy()[0, -1]
+        try:
+            return head.program.main(h, *head.weights).numpy()[0, -1]
+        except Exception as e:  # as above
+            if head.device.name == HOST_NAME:
+                raise
+            raise DeviceFault(head.device.name, str(e).strip().splitlines()[-1]) from e
+
+
+def _check_fault(device: Device) -> None:
+    if device.inject_fault:
+        device.inject_fault = False
+        raise DeviceFault(device.name, "kernel launch failed (injected fault)")

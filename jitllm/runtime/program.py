@@ -9,13 +9,15 @@ from typing import Callable
 import tvm
 
 from jitllm.errors import JitllmError
-from jitllm.lowering import APPEND_FUNCTION
+from jitllm.lowering import APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES
 
 
 @dataclass
 class Program:
     main: Callable
     append: Callable | None
+    export_pages: Callable | None
+    import_pages: Callable | None
 
 
 def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Program:
@@ -24,5 +26,7 @@ def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Pr
     except Exception as e:  # TVM raises its own error types; any failure here means an unusable artifact
         raise JitllmError(f"cannot load compiled artifact {path}: {str(e).splitlines()[0]}") from None
     vm = tvm.runtime.vm.VirtualMachine(module, device)
-    append = module.get_function(APPEND_FUNCTION, query_imports=True) if has_append else None
-    return Program(vm["main"], append)
+    if not has_append:
+        return Program(vm["main"], None, None, None)
+    kernels = [module.get_function(name, query_imports=True) for name in (APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES)]
+    return Program(vm["main"], *kernels)

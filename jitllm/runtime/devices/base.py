@@ -21,6 +21,8 @@ class Device:
     used_bytes: int = 0
     fail_next_alloc: bool = field(default=False, repr=False)
     """Fault injection for tests: the next allocation raises as if the device were out of memory."""
+    inject_fault: bool = field(default=False, repr=False)
+    """Fault injection for tests: the next block run on this device fails as a kernel launch would."""
 
     def reserve(self, nbytes: int, what: str) -> None:
         """Charge `nbytes` to the budget or raise without charging anything."""

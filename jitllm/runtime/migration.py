@@ -1,0 +1,136 @@
+"""Moving a block (or the head) to another device between two steps, KV pages and all.
+
+A move is a transaction: the destination's program is loaded (or compiled), its budget charged, the
+weights copied (from the .jlm page when leaving the host, device to device otherwise) and every live
+session's pages exported, transferred once and imported into the destination pool. Only then is the
+unit switched over and the source's memory freed; any failure before that undoes what was done, so
+the block keeps running where it was with its KV intact. Nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from jitllm.runtime.devices.base import Device, to_device
+from jitllm.runtime.kv_pages import PageTable
+
+
+@dataclass(frozen=True)
+class MoveReport:
+    unit: int | str
+    source: str
+    dest: str
+    weight_bytes: int
+    kv_bytes: int
+    seconds: float
+
+    def describe(self) -> str:
+        what = "head" if self.unit == "head" else f"block {self.unit}"
+        return (f"moved {what} {self.source} -> {self.dest}: weights {self.weight_bytes / 2**20:.2f} MiB, "
+                f"KV {self.kv_bytes / 2**20:.2f} MiB, {self.seconds * 1e3:.2f} ms")
+
+
+def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
+    unit = executor.unit(index)
+    source = unit.device
+    start = time.perf_counter()
+    if source is dest:
+        return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
+    program = executor.program(unit.kind, dest)
+    dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
+    new_tables: dict[int, PageTable] = {}
+    kv_bytes = 0
+    try:
+        if source.name == "host":
+            weights = [dest.upload(executor.model.tensor(n)) for n in executor.layout.tensor_names(index)]
+        else:
+            weights = [to_device(w, dest) for w in unit.weights]
+        if unit.kind.kind == "llama":
+            pool = executor.pool(dest)
+            for session in executor.sessions.values():
+                old = session.tables.get(index)
+                if old is None or not old.ids:
+                    continue
+                new = PageTable(pool)
+                new.ensure(len(old.ids) * pool.page_size)
+                new_tables[session.id] = new
+                kv_bytes += _copy_pages(unit.program, program, old, new, source, dest)
+        dest.synchronize()
+    except BaseException:
+        for table in new_tables.values():
+            table.release()
+        dest.release(unit.nbytes)
+        raise
+    for session_id, table in new_tables.items():
+        session = executor.sessions[session_id]
+        session.tables[index].release()
+        session.tables[index] = table
+    if unit.kind.kind == "llama":
+        for session in executor.sessions.values():
+            if index in session.tables and session.id not in new_tables:
+                session.tables[index].release()
+                session.tables[index] = PageTable(executor.pool(dest))
+    source.release(unit.nbytes)
+    unit.device, unit.weights, unit.program = dest, weights, program
+    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start)
+
+
+def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
+    """Export the pages listed in `old` on the source, transfer them once, import them at `new`'s ids."""
+    src_pool, dst_pool = old.pool, new.pool
+    count = len(old.ids)
+    shape = (count, *src_pool.pages.shape[1:])
+    staged = source.empty(shape, "float32")
+    src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
+    moved = to_device(staged, dest)
+    dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
+    return count * src_pool.page_bytes
+
+
+def move_units(model, spec: str) -> list[MoveReport]:
+    """Apply one `SEL=TARGET[,SEL=TARGET...]` move spec to a loaded model, all or nothing.
+
+    Checked before anything moves: the selector and target parse, blocks exist, the target is a device
+    the model knows, no block is pinned, and the destination budgets hold what arrives. A failure
+    during the moves (allocation, compile) moves back what this call already moved."""
+    from jitllm.errors import JitllmError
+    from jitllm.runtime.placement import parse_placement
+
+    placement = parse_placement(spec)
+    ex = model.executor
+    placement.validate(len(ex.blocks), set(model.devices))
+    plan: list[tuple[int | str, Device]] = []
+    for entry in placement.entries:
+        if entry.streamed:
+            raise JitllmError(f"move {entry.text}: streaming is chosen at load time, not by a move")
+        units = ["head"] if entry.kind == "head" else (
+            list(range(len(ex.blocks))) if entry.kind == "star" else list(range(entry.start, entry.end + 1)))
+        dest = model.devices[entry.target]
+        for index in units:
+            if index != "head" and model.plan.blocks[index].pinned or index == "head" and model.plan.head.pinned:
+                raise JitllmError(f"move {entry.text}: block {index} is pinned (!) where it is")
+            plan.append((index, dest))
+    arriving: dict[str, int] = {}
+    for index, dest in plan:
+        unit = ex.unit(index)
+        if unit.device is not dest:
+            arriving[dest.name] = arriving.get(dest.name, 0) + unit.nbytes
+    for name, nbytes in arriving.items():
+        dest = model.devices[name]
+        if dest.budget_bytes is not None and dest.used_bytes + nbytes > dest.budget_bytes:
+            left = dest.budget_bytes - dest.used_bytes
+            raise JitllmError(f"move {spec}: {name} cannot hold {nbytes / 2**20:.1f} MiB of weights "
+                              f"({left / 2**20:.1f} MiB left)")
+    reports: list[MoveReport] = []
+    try:
+        for index, dest in plan:
+            reports.append(move_unit(ex, index, dest))
+    except BaseException:
+        for report in reversed(reports):
+            if report.source != report.dest:
+                move_unit(ex, report.unit, model.devices[report.source])
+        raise
+    return [r for r in reports if r.source != r.dest]

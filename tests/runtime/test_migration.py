@@ -1,0 +1,126 @@
+"""Live migration on the CPU: a simulated device (own budget, own page pool, llvm kernels) stands for
+a second device. Greedy output with moves in the middle equals the run without moves, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jitllm.errors import JitllmError
+from jitllm.model import load
+from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.sampling import SamplingParams
+
+PROMPT = list(range(4, 30))
+N = 24
+
+
+def _load(path, cache_dir, budget=None, placement=None):
+    return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, placement=placement,
+                extra_devices=[simulated_device("sim:0", budget), simulated_device("sim:1", budget)])
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model, cache_dir):
+    return _load(tiny_model, cache_dir).generate_ids(PROMPT, N)
+
+
+def test_moves_every_few_tokens_keep_the_output(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir)
+    model.move_schedule = {3: ["0=sim:0"], 6: ["1=sim:0,head=sim:1"], 9: ["0-1=sim:1"], 12: ["*=host"],
+                           15: ["head=sim:0,0=sim:1"], 20: ["*=host,head=host"]}
+    assert model.generate_ids(PROMPT, N) == baseline
+
+
+def test_move_carries_kv_pages_and_frees_the_source(tiny_model, cache_dir):
+    model = _load(tiny_model, cache_dir)
+    ex = model.executor
+    session = ex.new_session()
+    logits_before = ex.forward(session, PROMPT)
+    host_pool = ex.pools["host"]
+    free_before = host_pool.free_pages
+    reports = model.move("0-1", "sim:0")
+    assert [r.unit for r in reports] == [0, 1]
+    assert all(r.kv_bytes == 2 * host_pool.page_bytes for r in reports)  # 26 positions = 2 pages per block
+    assert host_pool.free_pages == free_before + 4
+    assert model.devices["sim:0"].used_bytes >= sum(r.weight_bytes for r in reports)
+    moved = ex.forward(session, [7])
+    reference = ex.forward(ex.new_session(), PROMPT + [7])
+    assert np.array_equal(moved, reference)
+    assert logits_before.shape == moved.shape
+
+
+def test_bad_moves_change_nothing(tiny_model, cache_dir):
+    model = _load(tiny_model, cache_dir, placement="1=host!")
+    where = [u.device.name for u in model.executor.blocks]
+    for blocks, target, needle in [("0", "cuda:7", "not in -devices"), ("5", "sim:0", "past the model's last"),
+                                   ("1", "sim:0", "pinned"), ("3-1", "sim:0", "backwards")]:
+        with pytest.raises(JitllmError, match=needle):
+            model.move(blocks, target)
+    assert [u.device.name for u in model.executor.blocks] == where
+    assert model.generate_ids(PROMPT, 4)  # still generating
+
+
+def test_move_into_too_small_budget_is_refused(tiny_model, cache_dir):
+    model = _load(tiny_model, cache_dir, budget=1000)
+    with pytest.raises(JitllmError, match="cannot hold"):
+        model.move("0", "sim:0")
+    assert model.executor.blocks[0].device.name == "host"
+
+
+def test_failure_half_way_leaves_the_block_running_with_its_kv(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir)
+    ex = model.executor
+    session = ex.new_session()
+    tokens = list(PROMPT)
+    logits = ex.forward(session, tokens)
+    sim = model.devices["sim:0"]
+    sim.fail_next_alloc = False
+    # weights fit, but the destination's KV pool allocation fails (injected)
+    original_reserve = sim.reserve
+    calls = []
+
+    def failing_reserve(nbytes, what):
+        calls.append(what)
+        if what.startswith("KV pool"):
+            raise JitllmError("sim:0: allocation of KV pool failed (injected fault)")
+        return original_reserve(nbytes, what)
+
+    sim.reserve = failing_reserve
+    with pytest.raises(JitllmError, match="injected"):
+        model.move("0-1", "sim:0")
+    assert [u.device.name for u in ex.blocks] == ["host", "host"] and sim.used_bytes == 0
+    assert any(c.startswith("weights") for c in calls)
+    greedy = []
+    for _ in range(N):
+        token = int(np.argmax(logits))
+        greedy.append(token)
+        logits = ex.forward(session, [token])
+    assert greedy == baseline
+
+
+def test_device_fault_finishes_on_the_host(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir, placement=None)
+    logs = []
+    model.log = logs.append
+    model.move("*", "sim:0")
+    model.move("head", "sim:0")
+    model.move_schedule = {5: []}
+    sim = model.devices["sim:0"]
+    tokens = []
+    for i, token in enumerate(model.generate_tokens(PROMPT, N, SamplingParams(0.0))):
+        tokens.append(token)
+        if i == 4:
+            sim.inject_fault = True
+    assert tokens == baseline
+    assert any("finishing on the CPU" in line for line in logs)
+    assert all(u.device.name == "host" for u in model.executor.blocks)
+
+
+def test_no_gpu_fallback_fails_clearly(tiny_model, cache_dir):
+    model = _load(tiny_model, cache_dir)
+    model.no_gpu_fallback = True
+    model.move("0", "sim:0")
+    model.devices["sim:0"].inject_fault = True
+    with pytest.raises(JitllmError, match="sim:0: kernel launch failed .*-no-gpu-fallback"):
+        model.generate_ids(PROMPT, 4)

@@ -4,5 +4,6 @@ from jitllm.commands.compile import compile_command
 from jitllm.commands.convert import convert
 from jitllm.commands.hardware import hardware
 from jitllm.commands.run import run
+from jitllm.commands.verify import verify
 
-COMMANDS = [run, convert, compile_command, hardware]
+COMMANDS = [run, convert, compile_command, verify, hardware]

@@ -95,3 +95,15 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     }
     write_jlm(path, meta, regions(), progress=progress)
     return cfg
+
+
+def preset_layout(preset: str, wtype: str, page_size: int = 16):
+    """The block kinds a random model of `preset` uses, without writing it (to compile ahead of time)."""
+    from jitllm.ir.llama import head_kind, llama_block_kind
+    from jitllm.runtime.model_layout import ModelLayout
+
+    cfg = PRESETS.get(preset)
+    if cfg is None:
+        raise JitllmError(f"unknown model shape {preset!r} (known: {', '.join(PRESETS)})")
+    block = llama_block_kind(cfg, {n: wtype for n in BLOCK_LINEARS}, page_size)
+    return ModelLayout(cfg, (block,) * cfg.num_blocks, head_kind(cfg, wtype), wtype)

@@ -10,18 +10,29 @@ from jitllm.cli import opt
 
 
 @click.command(name="compile")
-@click.argument("model", metavar="MODEL")
+@click.argument("model", metavar="MODEL", required=False)
+@opt("preset", default=None, help="compile a random-weight shape instead of a model file (e.g. llama-3.2-3b)")
+@opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
+     help="weight type of -preset")
 @opt("target", "target_name", type=click.Choice(["llvm", "cuda"]), default="llvm", show_default=True)
 @opt("arch", default=None, help="GPU architecture for cuda (default sm_90)")
 @opt("cache", "cache_dir", default=None, help="cache directory (default ./cache or $JITLLM_CACHE_DIR)")
-def compile_command(model: str, target_name: str, arch: str | None, cache_dir: str | None) -> None:
+def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
+                    cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
     from jitllm.jlm import JlmFile
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets import get_target
     from jitllm.runtime.model_layout import ModelLayout
 
-    layout = ModelLayout.from_file(JlmFile(model))
+    if (model is None) == (preset is None):
+        raise click.UsageError("give a MODEL file or -preset NAME (not both)")
+    if preset is not None:
+        from jitllm.random_model import preset_layout
+
+        layout = preset_layout(preset, wtype)
+    else:
+        layout = ModelLayout.from_file(JlmFile(model))
     target = get_target(target_name, arch)
     kinds = list(dict.fromkeys([*layout.block_kinds, layout.head]))
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")

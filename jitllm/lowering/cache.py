@@ -40,11 +40,17 @@ def cache_policy() -> str:
     return policy
 
 
-@lru_cache(maxsize=1)
-def _lowering_sources_digest() -> str:
+COMMON_SOURCES = ("__init__.py", "cache.py", "onnx_import.py", "kernels_pages.py")
+
+
+@lru_cache(maxsize=None)
+def _sources_digest(names: tuple[str, ...]) -> str:
+    """Digest of the lowering sources a target's artifacts are generated from (its own kernels plus the
+    shared import), so editing one target's kernels does not invalidate another target's artifacts."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.read_bytes())
+    for name in sorted(set(COMMON_SOURCES + names)):
+        h.update(name.encode())
+        h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()
 
 
@@ -52,7 +58,7 @@ def artifact_key(kind: BlockKind, target) -> str:
     h = hashlib.sha256()
     h.update(build_block_graph(kind).SerializeToString())
     meta = {"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
-            "lowering": _lowering_sources_digest(), "schema": SCHEMA}
+            "lowering": _sources_digest(tuple(target.sources)), "schema": SCHEMA}
     h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()[:24]
 

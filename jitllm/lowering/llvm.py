@@ -39,6 +39,7 @@ class LlvmTarget:
     runtime-only TVM has no TVMScript)."""
 
     name = "llvm"
+    sources = ("llvm.py", "kernels_linear.py", "kernels_attention.py")
 
     def linear_kernel(self, wtype: str, n: int, k: int):
         from jitllm.lowering.kernels_linear import linear_kernel

@@ -1,0 +1,29 @@
+"""The block kinds the GPU tests use, so they can be compiled ahead of time on a machine with the full
+TVM (`python tests/gpu/kinds.py CACHE_DIR`) and loaded by a runtime-only TVM on the GPU machine."""
+
+from __future__ import annotations
+
+import sys
+
+from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
+from jitllm.ir.llama import BLOCK_LINEARS, head_kind, llama_block_kind
+from jitllm.random_model import PRESETS
+
+TEST_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
+
+
+def gpu_test_kinds():
+    kinds = []
+    for wtype in WEIGHT_TYPES:
+        kinds += [llama_block_kind(TEST_CFG, {n: wtype for n in BLOCK_LINEARS}), head_kind(TEST_CFG, wtype)]
+    tiny = PRESETS["tiny"]
+    kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]
+    return kinds
+
+
+if __name__ == "__main__":
+    from jitllm.lowering.cache import get_artifact, stderr_log
+    from jitllm.lowering.cuda import CudaTarget
+
+    for kind in gpu_test_kinds():
+        get_artifact(kind, CudaTarget("sm_90"), sys.argv[1], log=stderr_log)

@@ -1,0 +1,85 @@
+"""CUDA: every block kind against the numpy reference, the tiny model split across host and GPU, and
+live migration host <-> cuda:0 with identical greedy tokens. Skipped where no CUDA device exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from jitllm.ir.llama import activation_inputs, weight_inputs
+from kinds import gpu_test_kinds
+from reference import block_forward, head_forward, paged_inputs, random_weights
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_available() -> bool:
+    try:
+        from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+
+        ensure_cuda_runtime(allow_stub=False)
+        return tvm.cuda(0).exist
+    except Exception:
+        return False
+
+
+if not _cuda_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+TOL = 5e-5
+
+
+@pytest.mark.parametrize("kind", gpu_test_kinds()[:10], ids=lambda k: f"{k.kind}-{k.linears[0].wtype}")
+def test_block_kind_on_cuda(kind, cache_dir):
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.runtime.devices.cuda import cuda_arch
+    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.runtime.program import load_program
+
+    dev = tvm.cuda(0)
+    program = load_program(get_artifact(kind, CudaTarget(cuda_arch(0)), cache_dir).path, dev, kind.kind == "llama")
+    rng = np.random.default_rng(5)
+    weights = random_weights(kind, rng)
+    up = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)  # noqa: E731
+    if kind.kind == "head":
+        x = rng.standard_normal((2, 3, kind.config.hidden)).astype(np.float32)
+        out = program.main(up(x), *[up(weights[n]) for n, _, _ in weight_inputs(kind)]).numpy()
+        assert np.abs(out - head_forward(kind, weights, x)).max() < TOL
+        return
+    for batch, seq, pasts in [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (1, 1, [300])]:
+        feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}
+        names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
+        got = [o.numpy() for o in program.main(*[up(feeds[n]) for n in names])]
+        ref = block_forward(kind, weights, **{n: feeds[n] for n, _, _ in activation_inputs(kind)})
+        for a, b in zip(got, ref):
+            assert np.abs(a - b).max() < TOL, (batch, seq, pasts)
+
+
+def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
+    from jitllm.model import load
+
+    prompt = list(range(4, 30))
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir).generate_ids(prompt, 24)
+    on_gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    assert all(u.device.name == "cuda:0" for u in on_gpu.executor.blocks)
+    assert on_gpu.generate_ids(prompt, 24) == host
+    split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir)
+    assert split.generate_ids(prompt, 24) == host
+    split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
+    assert split.generate_ids(prompt, 24) == host
+
+
+def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
+    from jitllm.model import load
+    from jitllm.runtime.sampling import SamplingParams
+
+    prompt = list(range(4, 30))
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir).generate_ids(prompt, 16)
+    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    out = []
+    for i, token in enumerate(model.generate_tokens(prompt, 16, SamplingParams(0.0))):
+        out.append(token)
+        if i == 3:
+            model.devices["cuda:0"].inject_fault = True
+    assert out == host

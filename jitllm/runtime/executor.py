@@ -141,7 +141,7 @@ class Executor:
             h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
             table = session.tables.get(unit.index)
             if table is None:
-                table = session.tables[unit.index] = PageTable(self.pools[dev.name])
+                table = session.tables[unit.index] = PageTable(self.pool(dev))
             table.ensure(past + n)
             pages = self.pools[dev.name].pages
             try:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 import tvm
+import tvm.runtime.vm  # not imported by `import tvm` in a runtime-only install
 
 from jitllm.errors import JitllmError
 from jitllm.lowering import APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES

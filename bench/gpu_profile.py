@@ -1,0 +1,68 @@
+"""Where a decode step's time goes on the GPU: per-kernel times of one block (TVM VM profiler) and the
+host time of a whole step. Run on the GPU machine: python3 bench/gpu_profile.py -preset llama-3.2-3b -wtype f16"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-preset", default="llama-3.2-3b")
+    ap.add_argument("-wtype", default="f16")
+    ap.add_argument("-cache", default="cache")
+    ap.add_argument("-history", type=int, default=512)
+    args = ap.parse_args()
+
+    from jitllm.model import load
+    from jitllm.random_model import write_random_model
+    from jitllm.runtime.kv_pages import PageTable
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.jlm"
+        write_random_model(path, args.preset, args.wtype)
+        model = load(path, devices="cuda:0", ctx=args.history + 64, cache_dir=args.cache)
+    ex = model.executor
+    session = ex.new_session()
+    rng = np.random.default_rng(0)
+    ex.forward(session, [int(t) for t in rng.integers(4, 259, args.history)])
+    dev = ex.blocks[0].device
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        ex.forward(session, [5])
+        times.append(time.perf_counter() - start)
+    print(f"decode step: median {1e3 * np.median(times):.2f} ms over 10 steps")
+    unit = ex.blocks[0]
+    module = tvm.runtime.load_module(str(next(Path(args.cache).glob("cuda/llama-*.so"))))  # for the profiler
+    del module
+    from jitllm.lowering.cache import get_artifact
+
+    artifact = get_artifact(unit.kind, unit.device.target, args.cache)
+    vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device, profile=True)
+    past = session.length
+    table: PageTable = session.tables[0]
+    x = dev.upload(rng.standard_normal((1, 1, ex.layout.config.hidden)).astype(np.float32))
+    cos = dev.upload(ex._cos[past:past + 1][None])
+    sin = dev.upload(ex._sin[past:past + 1][None])
+    past_t = dev.upload(np.array([past], np.int32))
+    call = (x, cos, sin, ex.pools[dev.name].pages, table.tensor(), past_t, *unit.weights)
+    for _ in range(3):
+        unit.program.main(*call)
+    dev.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        unit.program.main(*call)
+    dev.synchronize()
+    print(f"one block main(): {1e6 * (time.perf_counter() - start) / 20:.1f} us (async launches + sync)")
+    print(vm.profile("main", *call))
+
+
+if __name__ == "__main__":
+    main()

@@ -40,12 +40,21 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     print(f"decode step: median {1e3 * np.median(times):.2f} ms over 10 steps")
     unit = ex.blocks[0]
-    module = tvm.runtime.load_module(str(next(Path(args.cache).glob("cuda/llama-*.so"))))  # for the profiler
-    del module
     from jitllm.lowering.cache import get_artifact
 
     artifact = get_artifact(unit.kind, unit.device.target, args.cache)
-    vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device, profile=True)
+    vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device)
+    spent: dict[str, list[float]] = {}
+    clock = {}
+
+    def instrument(func, name, before, ret, *call_args):
+        dev.synchronize()
+        if before:
+            clock["t"] = time.perf_counter()
+        else:
+            spent.setdefault(str(name), []).append(time.perf_counter() - clock["t"])
+        return 0
+
     past = session.length
     table: PageTable = session.tables[0]
     x = dev.upload(rng.standard_normal((1, 1, ex.layout.config.hidden)).astype(np.float32))
@@ -61,7 +70,13 @@ def main() -> None:
         unit.program.main(*call)
     dev.synchronize()
     print(f"one block main(): {1e6 * (time.perf_counter() - start) / 20:.1f} us (async launches + sync)")
-    print(vm.profile("main", *call))
+    vm.set_instrument(instrument)
+    for _ in range(5):
+        vm["main"](*call)
+    rows = sorted(((np.median(v), len(v) // 5, k) for k, v in spent.items()), reverse=True)
+    print("per call (synchronized, median), calls per block, function:")
+    for t, count, name in rows[:25]:
+        print(f"  {1e6 * t:8.1f} us  x{count:<3} {name}")
 
 
 if __name__ == "__main__":

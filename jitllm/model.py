@@ -68,7 +68,7 @@ class Model:
                 unit.device.release(unit.nbytes)
                 host.reserve(unit.nbytes, "weights")
                 unit.weights = [host.upload(self.file.tensor(n)) for n in self.layout.tensor_names(unit.index)]
-                unit.program = self.executor.program(unit.kind, host)
+                unit.program, unit.decode_program = self.executor.programs(unit.kind, host)
                 unit.device = host
         return sorted(set(moved))
 

@@ -35,12 +35,14 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
         layout = ModelLayout.from_file(JlmFile(model))
     target = get_target(target_name, arch)
     kinds = list(dict.fromkeys([*layout.block_kinds, layout.head]))
+    if getattr(target, "decode_variants", False):
+        kinds += [k.decode_variant() for k in kinds]
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
     built = cached = 0
     for kind in kinds:
         artifact = get_artifact(kind, target, cache_dir)
-        users = [str(i) for i, k in enumerate(layout.block_kinds) if k == kind] or ["head"]
-        what = f"{kind.kind} ({_span(users)})"
+        users = [str(i) for i, k in enumerate(layout.block_kinds) if k.decode_variant() == kind.decode_variant()] or ["head"]
+        what = f"{kind.kind}{' decode' if kind.decode else ''} ({_span(users)})"
         if artifact.built:
             built += 1
             click.echo(f"compiled {what} for {target.name} in {artifact.seconds:.1f}s -> {artifact.path}")

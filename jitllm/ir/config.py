@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 ROW_GROUP = 8
 """Output rows interleaved in every weight layout (see docs/model-format.md): kernels vectorise over them."""
@@ -56,9 +56,15 @@ class BlockKind:
     config: ModelConfig
     linears: tuple[LinearSpec, ...] = field(default_factory=tuple)
     page_size: int = 16
+    decode: bool = False
+    """A variant with batch and seq fixed to 1: GPU targets compile it beside the general kind so
+    decode steps get matrix-vector schedules (the general kind serves prefill)."""
 
     def linear(self, name: str) -> LinearSpec:
         for spec in self.linears:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    def decode_variant(self) -> "BlockKind":
+        return replace(self, decode=True)

@@ -56,17 +56,18 @@ def _linear_inputs(spec: LinearSpec) -> list[tuple[str, tuple[int, ...], str]]:
 def activation_inputs(kind: BlockKind) -> list[tuple[str, tuple, str]]:
     """The non-weight inputs (symbolic dims by name)."""
     c = kind.config
-    x = ("x", ("batch", "seq", c.hidden), "float32")
+    batch, seq = (1, 1) if kind.decode else ("batch", "seq")
+    x = ("x", (batch, seq, c.hidden), "float32")
     if kind.kind == "head":
         return [x]
     half = c.head_dim // 2
     return [
         x,
-        ("cos", ("batch", "seq", half), "float32"),
-        ("sin", ("batch", "seq", half), "float32"),
+        ("cos", (batch, seq, half), "float32"),
+        ("sin", (batch, seq, half), "float32"),
         ("pages", ("num_pages", 2, c.kv_heads, kind.page_size, c.head_dim), "float32"),
-        ("page_table", ("batch", "max_pages"), "int32"),
-        ("past", ("batch",), "int32"),
+        ("page_table", (batch, "max_pages"), "int32"),
+        ("past", (batch,), "int32"),
     ]
 
 
@@ -94,6 +95,7 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     """The ONNX model of one block kind."""
     c = kind.config
     g = GraphBuilder()
+    lead = (1, 1) if kind.decode else ("batch", "seq")
     outputs: list[onnx.ValueInfoProto]
     if kind.kind == "llama":
         q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
@@ -113,15 +115,15 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
         g.rename(k, "k_new")
         g.rename(v, "v_new")
         outputs = [
-            tensor_info("y", "float32", ("batch", "seq", c.hidden)),
-            tensor_info("k_new", "float32", ("batch", "seq", c.kv_heads, c.head_dim)),
-            tensor_info("v_new", "float32", ("batch", "seq", c.kv_heads, c.head_dim)),
+            tensor_info("y", "float32", (*lead, c.hidden)),
+            tensor_info("k_new", "float32", (*lead, c.kv_heads, c.head_dim)),
+            tensor_info("v_new", "float32", (*lead, c.kv_heads, c.head_dim)),
         ]
         functions = [paged_attention_function()]
     else:
         (head_spec,) = kind.linears
         g.rename(_linear(g, _rms_norm(g, "x", "output_norm", c.rms_eps), head_spec), "logits")
-        outputs = [tensor_info("logits", "float32", ("batch", "seq", head_spec.out_features))]
+        outputs = [tensor_info("logits", "float32", (*lead, head_spec.out_features))]
         functions = []
     wtypes = sorted({spec.wtype for spec in kind.linears})
     functions += [linear_function(w, len(weight_parts(w, 8, 32))) for w in wtypes]

@@ -28,10 +28,13 @@ class CudaTarget:
     def cache_key(self) -> dict:
         return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm"}
 
-    def linear_kernel(self, wtype: str, n: int, k: int):
+    decode_variants = True
+    """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
+
+    def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
         from jitllm.lowering.kernels_gpu import linear_kernel
 
-        return linear_kernel(wtype, n, k)
+        return linear_kernel(wtype, n, k, rows)
 
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import attention_kernel

@@ -23,10 +23,11 @@ def _i64(v: int) -> tirx.IntImm:
     return tirx.IntImm("int64", v)
 
 
-def linear_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc]:
-    symbol = f"jl_gpu_linear_{wtype}_{n}x{k}"
+def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
+    """`rows` fixes the number of activation rows (decode: 1) so dlight picks a GEMV schedule."""
+    symbol = f"jl_gpu_linear_{wtype}_{n}x{k}" + (f"_m{rows}" if rows else "")
     g, nb = n // R, k // QUANT_BLOCK
-    m = tirx.Var("m", "int64")
+    m = _i64(rows) if rows else tirx.Var("m", "int64")
     x = te.placeholder((m, _i64(k)), "float32", name="x")
     if wtype in ("f32", "f16"):
         w = te.placeholder((_i64(g), _i64(k), _i64(R)), "float32" if wtype == "f32" else "float16", name="w")
@@ -87,6 +88,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
         for bsh in T.thread_binding(B * S * H, thread="blockIdx.x"):
             for tx in T.thread_binding(T.int64(NT), thread="threadIdx.x"):
+                q_sh = T.alloc_buffer((D,), "float32", scope="shared")
                 probs = T.alloc_buffer((NT,), "float32", scope="shared")
                 red = T.alloc_buffer((NT,), "float32", scope="shared")
                 st = T.alloc_buffer((4,), "float32", scope="local")  # running max, denominator, acc, score
@@ -96,19 +98,24 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 kv: T.let = h // GROUP
                 n: T.let = T.Cast("int64", past[b])
                 total: T.let = n + s + 1
+                if tx < D:
+                    q_sh[tx] = q[b, s, h, tx] * T.float32(scale)
                 st[0] = T.float32(-3.0e38)
                 st[1] = T.float32(0)
                 st[2] = T.float32(0)
+                T.tvm_storage_sync("shared")
                 for chunk in T.serial((total + NT - 1) // NT):
                     t: T.let = chunk * NT + tx
                     st[3] = T.float32(-3.0e38)
-                    if t < total:
+                    if t < n:
+                        page: T.let = T.Cast("int64", pt[b, t // P])
                         st[3] = T.float32(0)
                         for dd in T.serial(D):
-                            st[3] = st[3] + q[b, s, h, dd] * T.if_then_else(
-                                t < n, pages[T.Cast("int64", pt[b, T.min(t, n) // P]), 0, kv, T.min(t, n) % P, dd],
-                                k[b, T.max(t - n, T.int64(0)), kv, dd])
-                        st[3] = st[3] * T.float32(scale)
+                            st[3] = st[3] + q_sh[dd] * pages[page, 0, kv, t % P, dd]
+                    elif t < total:
+                        st[3] = T.float32(0)
+                        for dd in T.serial(D):
+                            st[3] = st[3] + q_sh[dd] * k[b, t - n, kv, dd]
                     red[tx] = st[3]
                     T.tvm_storage_sync("shared")
                     for lvl in T.serial(7):
@@ -130,12 +137,12 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                     st[1] = st[1] * rescale + red[0]
                     if tx < D:
                         st[2] = st[2] * rescale
-                        for i in T.serial(NT):
+                        for i in T.serial(T.min(T.int64(NT), total - chunk * NT)):
                             ti: T.let = chunk * NT + i
-                            if ti < total:
-                                st[2] = st[2] + probs[i] * T.if_then_else(
-                                    ti < n, pages[T.Cast("int64", pt[b, T.min(ti, n) // P]), 1, kv, T.min(ti, n) % P, tx],
-                                    v[b, T.max(ti - n, T.int64(0)), kv, tx])
+                            if ti < n:
+                                st[2] = st[2] + probs[i] * pages[T.Cast("int64", pt[b, ti // P]), 1, kv, ti % P, tx]
+                            else:
+                                st[2] = st[2] + probs[i] * v[b, ti - n, kv, tx]
                     st[0] = new_max
                     T.tvm_storage_sync("shared")
                 if tx < D:

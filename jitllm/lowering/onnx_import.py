@@ -51,8 +51,9 @@ def _linear_converter(wtype: str, target):
             n = g * ROW_GROUP
             m = 1
             for dim in lead:
-                m = m * dim
-            symbol, func = target.linear_kernel(wtype, n, k)
+                m = m * (int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim)
+            static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
+            symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
             gv = _add_kernel(bb, symbol, func)
             # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
             x_buf, y_buf = func.params[0], func.params[-1]

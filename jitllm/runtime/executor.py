@@ -37,6 +37,11 @@ class Unit:
     weights: list[tvm.runtime.Tensor]
     nbytes: int
     program: Program
+    decode_program: Program | None = None
+    """The batch-1, seq-1 variant where the device's target has one (GPU decode steps)."""
+
+    def program_for(self, tokens: int) -> Program:
+        return self.decode_program if tokens == 1 and self.decode_program is not None else self.program
 
 
 @dataclass
@@ -80,6 +85,11 @@ class Executor:
             self._programs[key] = load_program(artifact.path, device.tvm_device, kind.kind == "llama")
         return self._programs[key]
 
+    def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
+        """The general program and, where the target compiles one, the decode variant."""
+        decode = self.program(kind.decode_variant(), device) if getattr(device.target, "decode_variants", False) else None
+        return self.program(kind, device), decode
+
     def _load_unit(self, index: int | str, kind: BlockKind, device: Device) -> Unit:
         names = self.layout.tensor_names(index)
         nbytes = sum(self.model.tensors[n].nbytes for n in names)
@@ -87,7 +97,7 @@ class Executor:
         weights = [device.upload(self.model.tensor(n)) for n in names]
         if kind.kind == "llama":
             self.pool(device)
-        return Unit(index, kind, device, weights, nbytes, self.program(kind, device))
+        return Unit(index, kind, device, weights, nbytes, *self.programs(kind, device))
 
     def pool(self, device: Device) -> PagePool:
         """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""
@@ -145,8 +155,9 @@ class Executor:
             table.ensure(past + n)
             pages = self.pools[dev.name].pages
             try:
-                y, k, v = unit.program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
-                unit.program.append(pages, k, v, table.tensor(), past_t)
+                program = unit.program_for(n)
+                y, k, v = program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
+                program.append(pages, k, v, table.tensor(), past_t)
             except Exception as e:  # TVM reports device failures (allocation, launch) as its own errors
                 if dev.name == HOST_NAME:
                     raise
@@ -160,7 +171,7 @@ class Executor:
         _check_fault(head.device)
         h = head.device.upload(x) if isinstance(x, np.ndarray) else to_device(x, head.device)
         try:
-            return head.program.main(h, *head.weights).numpy()[0, -1]
+            return head.program_for(1).main(h, *head.weights).numpy()[0, -1]
         except Exception as e:  # as above
             if head.device.name == HOST_NAME:
                 raise

@@ -39,7 +39,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     start = time.perf_counter()
     if source is dest:
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
-    program = executor.program(unit.kind, dest)
+    program, decode_program = executor.programs(unit.kind, dest)
     dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
     new_tables: dict[int, PageTable] = {}
     kv_bytes = 0
@@ -74,7 +74,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                 session.tables[index].release()
                 session.tables[index] = PageTable(executor.pool(dest))
     source.release(unit.nbytes)
-    unit.device, unit.weights, unit.program = dest, weights, program
+    unit.device, unit.weights, unit.program, unit.decode_program = dest, weights, program, decode_program
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start)
 
 

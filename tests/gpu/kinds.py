@@ -18,12 +18,12 @@ def gpu_test_kinds():
         kinds += [llama_block_kind(TEST_CFG, {n: wtype for n in BLOCK_LINEARS}), head_kind(TEST_CFG, wtype)]
     tiny = PRESETS["tiny"]
     kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]
-    return kinds
+    return kinds + [k.decode_variant() for k in kinds]
 
 
 if __name__ == "__main__":
     from jitllm.lowering.cache import get_artifact, stderr_log
     from jitllm.lowering.cuda import CudaTarget
 
-    for kind in gpu_test_kinds():
+    for kind in dict.fromkeys(gpu_test_kinds()):
         get_artifact(kind, CudaTarget("sm_90"), sys.argv[1], log=stderr_log)

@@ -30,7 +30,8 @@ if not _cuda_available():
 TOL = 5e-5
 
 
-@pytest.mark.parametrize("kind", gpu_test_kinds()[:10], ids=lambda k: f"{k.kind}-{k.linears[0].wtype}")
+@pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22],
+                         ids=lambda k: f"{k.kind}-{k.linears[0].wtype}{'-decode' if k.decode else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
     from jitllm.lowering.cache import get_artifact
     from jitllm.runtime.devices.cuda import cuda_arch
@@ -42,12 +43,13 @@ def test_block_kind_on_cuda(kind, cache_dir):
     rng = np.random.default_rng(5)
     weights = random_weights(kind, rng)
     up = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)  # noqa: E731
+    shapes = [(1, 1, [0]), (1, 1, [37]), (1, 1, [300])] if kind.decode else [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (1, 1, [300])]
     if kind.kind == "head":
-        x = rng.standard_normal((2, 3, kind.config.hidden)).astype(np.float32)
+        x = rng.standard_normal((1, 1, kind.config.hidden) if kind.decode else (2, 3, kind.config.hidden)).astype(np.float32)
         out = program.main(up(x), *[up(weights[n]) for n, _, _ in weight_inputs(kind)]).numpy()
         assert np.abs(out - head_forward(kind, weights, x)).max() < TOL
         return
-    for batch, seq, pasts in [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (1, 1, [300])]:
+    for batch, seq, pasts in shapes:
         feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}
         names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
         got = [o.numpy() for o in program.main(*[up(feeds[n]) for n in names])]

@@ -13,7 +13,7 @@ import tvm
 
 class CudaTarget:
     name = "cuda"
-    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py")
+    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py")
 
     def __init__(self, arch: str = "sm_90") -> None:
         if not arch.startswith("sm_"):

@@ -24,7 +24,12 @@ def _i64(v: int) -> tirx.IntImm:
 
 
 def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
-    """`rows` fixes the number of activation rows (decode: 1) so dlight picks a GEMV schedule."""
+    """One activation row (`rows` == 1, decode) takes the hand-scheduled GEMV of kernels_gpu_gemv.py;
+    otherwise an unscheduled compute definition for dlight's matmul rules."""
+    if rows == 1:
+        from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
+
+        return gemv_kernel(wtype, n, k)
     symbol = f"jl_gpu_linear_{wtype}_{n}x{k}" + (f"_m{rows}" if rows else "")
     g, nb = n // R, k // QUANT_BLOCK
     m = _i64(rows) if rows else tirx.Var("m", "int64")

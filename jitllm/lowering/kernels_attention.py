@@ -13,7 +13,130 @@ from jitllm.ir.config import BlockKind
 
 
 def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
-    """Causal attention of S new queries over `past` paged positions plus the S new keys (two passes)."""
+    """Causal attention of S new queries over `past` paged positions plus the S new keys.
+
+    Parallel over (sequence, query, head); per work item an online softmax over tiles of P keys (one page
+    of history, or P of the new keys): P scores (vectorised over the head dimension), one rescale of the
+    running output per tile, then the weighted values. The running output lives in `out` itself and the
+    running max / denominator in a scratch indexed by the work item, so nothing is allocated per item.
+    f32 throughout (both kernel families use it)."""
+    c, P = kind.config, kind.page_size
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    if D % 8:
+        return _attention_serial(kind)
+    GROUP = H // HKV
+    scale = 1.0 / (D ** 0.5)
+    symbol = f"jl_paged_attention_h{H}_kv{HKV}_d{D}_p{P}_par"
+    VD = f"float32x{D}"
+
+    def dot(qv, kb, kidx):
+        prod = qv * kb.vload(kidx, VD)
+        return _hsum(prod, D)
+
+    @T.macro
+    def tile(q, kb, vb, out, st, sc, b, s, h, kidx, vidx, a0, a1, i, cnt):
+        # key/value j of this tile: kb[kidx(a0, a1, i, j)], vb[vidx(...)]; st[.., 0] running max,
+        # st[.., 1] running denominator, st[.., 2] the tile's max; sc the tile's scores, then weights
+        qv: T.let = q.vload([b, s, h, 0], VD)
+        st[b, s, h, 2] = st[b, s, h, 0]
+        for j in T.serial(cnt):
+            sc[b, s, h, j] = dot(qv, kb, kidx(a0, a1, i, j)) * T.float32(scale)
+            st[b, s, h, 2] = T.max(st[b, s, h, 2], sc[b, s, h, j])
+        mx: T.let = st[b, s, h, 2]
+        alpha: T.let = vexp(st[b, s, h, 0] - mx)
+        sc[b, s, h, T.ramp(0, 1, P)] = vexp(sc[b, s, h, T.ramp(0, 1, P)] - T.Broadcast(mx, P))
+        st[b, s, h, 0] = mx
+        st[b, s, h, 1] = st[b, s, h, 1] * alpha
+        out[b, s, h, T.ramp(0, 1, D)] = out[b, s, h, T.ramp(0, 1, D)] * T.Broadcast(alpha, D)
+        for j in T.serial(cnt):
+            st[b, s, h, 1] = st[b, s, h, 1] + sc[b, s, h, j]
+            out[b, s, h, T.ramp(0, 1, D)] = (out[b, s, h, T.ramp(0, 1, D)]
+                                             + T.Broadcast(sc[b, s, h, j], D) * vb.vload(vidx(a0, a1, i, j), VD))
+
+    @T.prim_func
+    def f(q_h: T.handle, k_h: T.handle, v_h: T.handle, pages_h: T.handle, pt_h: T.handle, past_h: T.handle,
+          out_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        S = T.int64()
+        NP = T.int64()
+        MP = T.int64()
+        q = T.match_buffer(q_h, (B, S, H, D), "float32")
+        k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
+        v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pt = T.match_buffer(pt_h, (B, MP), "int32")
+        past = T.match_buffer(past_h, (B,), "int32")
+        out = T.match_buffer(out_h, (B, S, H, D), "float32")
+        st = T.alloc_buffer((B, S, H, 3), "float32")
+        sc = T.alloc_buffer((B, S, H, P), "float32")
+        for item in T.parallel(B * S * H):
+            b: T.let = item // (S * H)
+            s: T.let = item // H % S
+            h: T.let = item % H
+            kv: T.let = h // GROUP
+            n: T.let = T.Cast("int64", past[b])
+            st[b, s, h, 0] = T.float32(-3.0e38)
+            st[b, s, h, 1] = T.float32(0)
+            out[b, s, h, T.ramp(0, 1, D)] = T.Broadcast(T.float32(0), D)
+            for i in T.serial((n + P - 1) // P):
+                page: T.let = T.Cast("int64", pt[b, i])
+                tile(q, pages, pages, out, st, sc, b, s, h, _page_k, _page_v, page, kv, i,
+                     T.min(n - i * P, T.int64(P)))
+            for i in T.serial((s + P) // P):
+                tile(q, k, v, out, st, sc, b, s, h, _new_kv, _new_kv, b, kv, i * P,
+                     T.min(s + 1 - i * P, T.int64(P)))
+            inv: T.let = T.float32(1) / st[b, s, h, 1]
+            out[b, s, h, T.ramp(0, 1, D)] = out[b, s, h, T.ramp(0, 1, D)] * T.Broadcast(inv, D)
+
+    return symbol, f.with_attr("global_symbol", symbol)
+
+
+def _hsum(v, lanes: int):
+    """Sum of a float vector expression: halving adds down to 8 lanes, then shuffles."""
+    while lanes > 1:
+        half = lanes // 2
+        v = T.Shuffle([v], list(range(half))) + T.Shuffle([v], list(range(half, lanes)))
+        lanes = half
+    return v
+
+
+def vexp(x):
+    """exp of a float32 scalar or vector expression without libm calls (LLVM would scalarise a vector
+    exp into expf calls): Cephes' expf, range-reduced by powers of two, within ~2 ulp for x >= -87."""
+    lanes = x.ty.dtype.lanes
+    vt = "float32" if lanes == 1 else f"float32x{lanes}"
+    it = "int32" if lanes == 1 else f"int32x{lanes}"
+
+    def c(v):
+        return T.Broadcast(T.float32(v), lanes) if lanes > 1 else T.float32(v)
+
+    xc = T.max(T.min(x, c(88.3762626647949)), c(-87.3365447505531))
+    n = T.floor(xc * c(1.44269504088896341) + c(0.5))
+    r = xc - n * c(0.693359375) + n * c(2.12194440e-4)
+    p = c(1.9875691500e-4)
+    for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + c(coef)
+    y = p * r * r + r + c(1.0)
+    scale = T.reinterpret(vt, T.shift_left(T.Cast(it, n) + (T.Broadcast(T.int32(127), lanes) if lanes > 1
+                                                           else T.int32(127)), 23 if lanes == 1 else T.Broadcast(T.int32(23), lanes)))
+    return y * scale
+
+
+def _page_k(page, kv, i, j):
+    return [page, 0, kv, j, 0]
+
+
+def _page_v(page, kv, i, j):
+    return [page, 1, kv, j, 0]
+
+
+def _new_kv(b, kv, t0, j):
+    return [b, t0 + j, kv, 0]
+
+
+def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """The scalar two-pass kernel (any head dim): serial over sequences, queries and heads."""
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     GROUP = H // HKV

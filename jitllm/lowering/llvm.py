@@ -6,10 +6,14 @@ x86-64-v3 where AVX2/FMA/F16C exist, plain x86-64 otherwise, and a generic targe
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 
 import tvm
+
+KERNELS = ("exact", "fast")
+"""CPU kernel families (kernels_linear.py): f32 activations, or int8 activations where the ISA allows."""
 
 
 @lru_cache(maxsize=1)
@@ -34,17 +38,89 @@ def host_target_dict() -> dict:
     return {"kind": "llvm"}
 
 
+def relax_pipeline() -> tvm.transform.Pass:
+    """tvm.compile's default CPU pipeline plus operator fusion (FuseOps/FuseTIR), which it leaves out for
+    CPU targets: RMS norm, RoPE and the SiLU gate become one kernel each instead of 5-8."""
+    from tvm import relax
+    from tvm.relax import backend, transform
+
+    @tvm.transform.module_pass(opt_level=0)
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return tvm.transform.Sequential([
+            backend.DispatchSampling(),
+            backend.DispatchSortScan(),
+            transform.LegalizeOps(),
+            transform.AnnotateTIROpPattern(),
+            transform.FoldConstant(),
+            transform.FuseOps(),
+            transform.FuseTIR(),
+            transform.RewriteDataflowReshape(),
+            transform.ToNonDataflow(),
+            transform.RemovePurityChecking(),
+            transform.CallTIRRewrite(),
+            transform.StaticPlanBlockMemory(),
+            transform.LowerAllocTensor(),
+            transform.KillAfterLastUse(),
+            transform.LowerRuntimeBuiltin(),
+            transform.ComputePrimValue(),
+            transform.VMShapeLower(),
+            transform.AttachGlobalSymbol(),
+        ])(mod)
+
+    del relax
+    return _pipeline
+
+
+def host_isa() -> str:
+    """The kernel instruction set for this host: "avx2" where the x86-64-v3 target is chosen."""
+    return "avx2" if host_target_dict().get("mcpu") == "x86-64-v3" else "generic"
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Size TVM's CPU thread pool (parallel kernels) before its first use; returns the size asked for.
+
+    TVM reads TVM_NUM_THREADS when a thread first launches a parallel kernel and otherwise takes half the
+    logical CPUs on x86 (one thread on a 2-vCPU VM). We default to every CPU this process may run on; an
+    explicit TVM_NUM_THREADS in the environment wins. After the pool exists, changes have no effect.
+    """
+    if "TVM_NUM_THREADS" not in os.environ or threads is not None:
+        if threads is None:
+            try:
+                threads = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                threads = os.cpu_count() or 1
+        os.environ["TVM_NUM_THREADS"] = str(max(1, threads))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
 class LlvmTarget:
     """Host CPU kernels: kernels_linear.py and kernels_attention.py (imported only to compile, since a
-    runtime-only TVM has no TVMScript)."""
+    runtime-only TVM has no TVMScript).
+
+    `kernels`: "exact" (f32 activations; the default, and what the transformers comparisons use) or
+    "fast" (int8-quantized activations with AVX2 integer dot products for the GGML formats; on hosts
+    without AVX2 the quantized formats fall back to the exact kernels). `isa` defaults to the host's.
+    `threads`: size of TVM's thread pool (None: all CPUs of the process, unless TVM_NUM_THREADS is set).
+    """
 
     name = "llvm"
     sources = ("llvm.py", "kernels_linear.py", "kernels_attention.py")
 
+    def __init__(self, kernels: str = "exact", isa: str | None = None, threads: int | None = None):
+        from jitllm.errors import JitllmError
+
+        if kernels not in KERNELS:
+            raise JitllmError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
+        if isa not in (None, "generic", host_isa()):
+            raise JitllmError(f"CPU kernels for {isa!r} cannot run on this host ({host_isa()})")
+        self.kernels = kernels
+        self.isa = isa or host_isa()
+        self.threads = configure_threads(threads)
+
     def linear_kernel(self, wtype: str, n: int, k: int):
         from jitllm.lowering.kernels_linear import linear_kernel
 
-        return linear_kernel(wtype, n, k)
+        return linear_kernel(wtype, n, k, self.kernels, self.isa)
 
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels_attention import attention_kernel
@@ -61,7 +137,8 @@ class LlvmTarget:
 
     def build(self, mod: tvm.IRModule):
         with tvm.transform.PassContext(opt_level=3):
-            return tvm.compile(mod, target=self.tvm_target())
+            return tvm.compile(mod, target=self.tvm_target(), relax_pipeline=relax_pipeline())
 
     def cache_key(self) -> dict:
-        return {"target": host_target_dict(), "arch": platform.machine()}
+        return {"target": host_target_dict(), "arch": platform.machine(), "kernels": self.kernels,
+                "isa": self.isa}

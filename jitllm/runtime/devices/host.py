@@ -10,8 +10,10 @@ from jitllm.runtime.devices.base import Device
 HOST = "host"
 
 
-def host_device() -> Device:
-    return Device(HOST, LlvmTarget(), tvm.cpu(0))
+def host_device(kernels: str = "exact") -> Device:
+    """The host CPU; `kernels` is the CPU kernel family ("exact" f32 activations, "fast" int8 activations,
+    see jitllm/lowering/llvm.py)."""
+    return Device(HOST, LlvmTarget(kernels), tvm.cpu(0))
 
 
 def simulated_device(name: str, budget_bytes: int | None = None) -> Device:

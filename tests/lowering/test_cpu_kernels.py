@@ -1,0 +1,152 @@
+"""CPU kernels (jitllm/lowering/kernels_linear.py, kernels_attention.py) against numpy.
+
+Tolerances, relative to the largest |output|:
+- exact kernels (f32 activations, exactly dequantized weights): 1e-5 against x @ W.T in float64;
+- fast kernels on GGML formats (int8 activations): 1e-5 against a numpy emulation of the same int8
+  quantization (per 32-block, scale max|x|/127, round half to even), 3e-2 against x @ W.T
+  (the 8-bit activation error itself: ~5e-3 on these random inputs);
+- attention (f32, online softmax, polynomial exp): 1e-5 against a numpy softmax attention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.layouts import weight_parts
+from jitllm.lowering.llvm import LlvmTarget, host_isa
+from jitllm.quant import dequantize, parts_from_float
+
+AVX2 = host_isa() == "avx2"
+needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
+SHAPES = [(64, 96), (1536, 576)]
+TOKENS = (1, 3, 4, 9, 70)  # 70: two chunks of the prefill path (64 tokens each) and a ragged tail
+
+
+def _build(funcs: dict, target: tvm.target.Target):
+    return tvm.compile(tvm.IRModule(funcs), target=target)
+
+
+def _int8_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)
+    return ((q * (amax / np.float32(127))).reshape(m, k).astype(np.float64)) @ w.T.astype(np.float64)
+
+
+def _run_linear(lib, symbol, wtype, n, k, parts, x):
+    m = x.shape[0]
+    xin = x if wtype in ("f32", "f16") else x.reshape(m, k // 32, 32)
+    y = tvm.runtime.tensor(np.zeros((m, n // 8, 8), np.float32))
+    args = [tvm.runtime.tensor(parts[name]) for name, _, _ in weight_parts(wtype, n, k)]
+    lib[symbol](tvm.runtime.tensor(np.ascontiguousarray(xin)), *args, y)
+    return y.numpy().reshape(m, n)
+
+
+def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool):
+    rng = np.random.default_rng(0)
+    funcs, cases = {}, []
+    for wtype in wtypes:
+        for n, k in SHAPES:
+            symbol, func = target_obj.linear_kernel(wtype, n, k)
+            funcs[symbol] = func
+            w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+            parts = parts_from_float(wtype, w)
+            cases.append((symbol, wtype, n, k, parts, dequantize(wtype, parts)))
+    lib = _build(funcs, tvm_target)
+    for symbol, wtype, n, k, parts, w in cases:
+        quantized_path = fast_expected and wtype.startswith("q")
+        assert symbol.endswith("_avx2") == quantized_path, symbol
+        for m in TOKENS:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            out = _run_linear(lib, symbol, wtype, n, k, parts, x)
+            exact = x.astype(np.float64) @ w.T.astype(np.float64)
+            scale = np.abs(exact).max()
+            err = np.abs(out - exact).max() / scale
+            if quantized_path:
+                assert np.abs(out - _int8_reference(x, w)).max() / scale < 1e-5, (symbol, m)
+                assert err < 3e-2, (symbol, m, err)
+            else:
+                assert err < 1e-5, (symbol, m, err)
+
+
+def test_exact_kernels_match_numpy():
+    t = LlvmTarget("exact")
+    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=False)
+
+
+@needs_avx2
+def test_fast_kernels_match_numpy_int8_emulation():
+    t = LlvmTarget("fast")
+    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=True)
+
+
+def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():
+    """isa="generic" (what a host without AVX2 gets) never emits x86 intrinsics: the same kernels build
+    for plain x86-64 (SSE2) and stay exact for the GGML formats."""
+    t = LlvmTarget("fast", isa="generic")
+    assert t.cache_key()["isa"] == "generic"
+    target = t.tvm_target()
+    if AVX2:
+        target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
+    _check_linears(t, target, ("f16", "q4_1"), fast_expected=False)
+
+
+def test_kernel_choice_is_part_of_the_cache_key():
+    exact, fast = LlvmTarget("exact"), LlvmTarget("fast")
+    assert exact.cache_key() != fast.cache_key()
+    assert fast.cache_key()["kernels"] == "fast"
+    with pytest.raises(Exception):
+        LlvmTarget("turbo")
+
+
+def _attention_reference(q, k, v, pages, pt, past, groups):
+    b_, s_, h_, d_ = q.shape
+    hkv = k.shape[2]
+    out = np.zeros_like(q, dtype=np.float64)
+    for b in range(b_):
+        n = past[b]
+        hist = pages[pt[b]]  # [MP, 2, Hkv, P, D]
+        hk = hist[:, 0].transpose(1, 0, 2, 3).reshape(hkv, -1, d_)[:, :n]
+        hv = hist[:, 1].transpose(1, 0, 2, 3).reshape(hkv, -1, d_)[:, :n]
+        keys = np.concatenate([hk, k[b].transpose(1, 0, 2)], 1).astype(np.float64)
+        vals = np.concatenate([hv, v[b].transpose(1, 0, 2)], 1).astype(np.float64)
+        for s in range(s_):
+            for h in range(h_):
+                kv = h // groups
+                sc = keys[kv, :n + s + 1] @ q[b, s, h] / np.sqrt(d_)
+                p = np.exp(sc - sc.max())
+                out[b, s, h] = (p / p.sum()) @ vals[kv, :n + s + 1]
+    return out
+
+
+@pytest.mark.parametrize("batch,seq,pasts", [(1, 1, [0]), (1, 1, [37]), (2, 1, [15, 100]), (1, 7, [20]),
+                                             (2, 40, [0, 33])])
+def test_paged_attention_matches_numpy(batch, seq, pasts):
+    from jitllm.lowering.kernels_attention import _attention_serial, attention_kernel
+
+    cfg = ModelConfig("llama", 1, 576, 9, 3, 64, 1536, 100, 8192, 1e5, 1e-5)
+    kind = BlockKind("llama", cfg, (), 16)
+    t = LlvmTarget("exact")
+    (s1, f1), (s2, f2) = attention_kernel(kind), _attention_serial(kind)
+    lib = _build({s1: f1, s2: f2}, t.tvm_target())
+    rng = np.random.default_rng(1)
+    H, HKV, D, P = 9, 3, 64, 16
+    mp = (max(pasts) + seq + P - 1) // P + 1
+    num_pages = batch * mp + 3
+    pages = rng.standard_normal((num_pages, 2, HKV, P, D)).astype(np.float32)
+    pt = rng.permutation(num_pages)[:batch * mp].reshape(batch, mp).astype(np.int32)
+    q = rng.standard_normal((batch, seq, H, D)).astype(np.float32)
+    k = rng.standard_normal((batch, seq, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((batch, seq, HKV, D)).astype(np.float32)
+    past = np.array(pasts, np.int32)
+    ref = _attention_reference(q, k, v, pages, pt, past, H // HKV)
+    for symbol in (s1, s2):
+        out = tvm.runtime.tensor(np.zeros_like(q))
+        lib[symbol](*[tvm.runtime.tensor(a) for a in (q, k, v, pages, pt, past)], out)
+        assert np.abs(out.numpy() - ref).max() < 1e-5, symbol

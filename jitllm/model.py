@@ -137,11 +137,12 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
          log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
-         extra_devices: list[Device] | None = None) -> Model:
+         extra_devices: list[Device] | None = None, cpu_kernels: str = "fast") -> Model:
     """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
 
     `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
-    devices standing in for missing hardware)."""
+    devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
+    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations)."""
     from jitllm.runtime.device_spec import parse_devices
     from jitllm.tokenizer import Tokenizer
 
@@ -161,7 +162,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
                     option.placement if option else None, gpu_layers, option.strict if option else False, host_name=HOST)
     if log:
         log(the_plan.describe())
-    devs: dict[str, Device] = {HOST: host_device()}
+    devs: dict[str, Device] = {HOST: host_device(cpu_kernels)}
     for choice in choices:
         devs[choice.name] = _device_for(choice)
     for extra in extra_devices or []:

@@ -19,10 +19,13 @@ def jitllm(*args: str, cache: Path, cwd: Path | None = None) -> subprocess.Compl
 def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("jitllm: error:"), result.stderr
+    errors = [line for line in lines if line.startswith("jitllm: error:")]
+    # Only informational lines (compile/cache events) may come before the one error line.
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    assert all(line.startswith("jitllm: ") for line in lines), result.stderr
     assert "Traceback" not in result.stderr
     for needle in needles:
-        assert needle in lines[0], lines[0]
+        assert needle in errors[0], errors[0]
 
 
 def test_help_lists_the_verbs(cache_dir):

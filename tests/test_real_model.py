@@ -37,7 +37,7 @@ def jlm_path(gguf_path, tmp_path_factory):
 def model(jlm_path, cache_dir):
     from jitllm.model import load
 
-    return load(jlm_path, devices="cpu", ctx=512, cache_dir=cache_dir)
+    return load(jlm_path, devices="cpu", ctx=512, cache_dir=cache_dir, cpu_kernels="exact")
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def test_gguf_and_safetensors_conversions_agree(hf, gguf_path, jlm_path, tmp_pat
     AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).save_pretrained(hf_dir)
     from_hf = tmp_path / "from_hf.jlm"
     convert(str(hf_dir), str(from_hf), progress=False)
-    a = load(jlm_path, devices="cpu", ctx=128, cache_dir=cache_dir)
-    b = load(from_hf, devices="cpu", ctx=128, cache_dir=cache_dir)
+    a = load(jlm_path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    b = load(from_hf, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     ids = a.encode_prompt(CHAT, chat=True)
     assert ids == b.encode_prompt(CHAT, chat=True)
     la = a.executor.forward(a.new_session(), ids)

@@ -20,6 +20,8 @@ def placement_options(func):
         opt("ctx", type=click.IntRange(min=1), default=None, help="context length (default 4096, at most the model's)"),
         opt("cache", "cache_dir", default=None, help="compiled-artifact cache directory (default ./cache or $JITLLM_CACHE_DIR)"),
         opt("no-gpu-fallback", "no_gpu_fallback", is_flag=True, help="fail instead of finishing on the CPU when a device breaks"),
+        opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
+            help="host kernels: fast = int8-quantized activations, exact = f32 activations"),
         opt("v", "verbose", is_flag=True, help="print the placement plan"),
     ]
     for decorator in reversed(decorators):
@@ -28,7 +30,7 @@ def placement_options(func):
 
 
 def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
-               cache_dir, no_gpu_fallback: bool, verbose: bool):
+               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, verbose: bool):
     """Load (converting the built-in default when `model_path` is None) and report on stderr."""
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import load, with_placement
@@ -40,7 +42,8 @@ def load_model(model_path: str | None, devices: str, vram, placement, placement_
     option = with_placement(placement, strict=placement_strict) if placement else None
     log = stderr_log if verbose else _compile_log
     return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
-                cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback)
+                cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback,
+                cpu_kernels=cpu_kernels)
 
 
 def _compile_log(message: str) -> None:

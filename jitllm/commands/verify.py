@@ -14,23 +14,28 @@ DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,
 @click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")
 @opt("n", "steps", type=click.IntRange(min=1), default=32, show_default=True, help="positions to compare")
 @opt("tol", type=click.FloatRange(min=0.0), default=1e-2, show_default=True, help="report differences above this")
+@opt("ref-kernels", "ref_kernels", type=click.Choice(["fast", "exact"]), default="exact", show_default=True,
+     help="host kernels of the reference side")
 @placement_options
-def verify(args, steps, tol, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-           no_gpu_fallback, verbose) -> None:
-    """Run the same tokens on the host and on -devices; report every position where the logits part."""
+def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
+           no_gpu_fallback, cpu_kernels, verbose) -> None:
+    """Run the same tokens on the host and on -devices; report every position where the logits part.
+
+    `-devices cpu -cpu-kernels fast` compares the fast host kernels with the exact reference."""
     from jitllm.verify import verify as run_verify
 
     if len(args) > 2:
         raise click.UsageError(f"expected [MODEL] [PROMPT], got {len(args)} arguments")
     model_path = args[0] if args else None
     prompt = args[1] if len(args) > 1 else DEFAULT_PROMPT
-    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, verbose)
+    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, verbose)
     device_model = load_model(model_path, devices, *common)
-    host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, False)
+    host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, False)
     ids = host_model.tokenizer.encode(prompt)
     report = run_verify(host_model, device_model, ids, steps, tol)
     where = sorted({u.device.name for u in [*device_model.executor.blocks, device_model.executor.head]})
-    click.echo(f"compared {report.checked} positions, host vs {', '.join(where)}; max |dlogit| {report.max_diff:.3g}")
+    sides = f"host ({ref_kernels} kernels) vs {', '.join(where)}" + (f" ({cpu_kernels} kernels)" if where == ["host"] else "")
+    click.echo(f"compared {report.checked} positions, {sides}; max |dlogit| {report.max_diff:.3g}")
     for p in report.positions:
         click.echo(f"  position {p.index}: max |dlogit| {p.max_diff:.3g}, top-1 host {p.host_top1} / device "
                    f"{p.device_top1}, host margin {p.host_margin:.3g}: {p.verdict}")

@@ -62,11 +62,11 @@ def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
     from jitllm.model import load
 
     prompt = list(range(4, 30))
-    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir).generate_ids(prompt, 24)
-    on_gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(prompt, 24)
+    on_gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     assert all(u.device.name == "cuda:0" for u in on_gpu.executor.blocks)
     assert on_gpu.generate_ids(prompt, 24) == host
-    split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir)
+    split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     assert split.generate_ids(prompt, 24) == host
     split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
     assert split.generate_ids(prompt, 24) == host
@@ -77,8 +77,8 @@ def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
     from jitllm.runtime.sampling import SamplingParams
 
     prompt = list(range(4, 30))
-    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir).generate_ids(prompt, 16)
-    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(prompt, 16)
+    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     out = []
     for i, token in enumerate(model.generate_tokens(prompt, 16, SamplingParams(0.0))):
         out.append(token)

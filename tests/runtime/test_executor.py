@@ -11,7 +11,7 @@ from jitllm.model import load
 
 @pytest.fixture(scope="module")
 def model(tiny_model, cache_dir):
-    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir)
+    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact")
 
 
 def test_decode_through_pages_equals_one_prefill(model):

@@ -16,7 +16,7 @@ N = 24
 
 
 def _load(path, cache_dir, budget=None, placement=None):
-    return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, placement=placement,
+    return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, placement=placement, cpu_kernels="exact",
                 extra_devices=[simulated_device("sim:0", budget), simulated_device("sim:1", budget)])
 
 

@@ -67,7 +67,7 @@ class Model:
                 moved.append(unit.device.name)
                 unit.device.release(unit.nbytes)
                 host.reserve(unit.nbytes, "weights")
-                unit.weights = [host.upload(self.file.tensor(n)) for n in self.layout.tensor_names(unit.index)]
+                unit.weights = self.executor.upload_weights(unit.index, host)
                 unit.program, unit.decode_program = self.executor.programs(unit.kind, host)
                 unit.device = host
         return sorted(set(moved))

@@ -94,10 +94,15 @@ class Executor:
         names = self.layout.tensor_names(index)
         nbytes = sum(self.model.tensors[n].nbytes for n in names)
         device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
-        weights = [device.upload(self.model.tensor(n)) for n in names]
+        weights = self.upload_weights(index, device)
         if kind.kind == "llama":
             self.pool(device)
         return Unit(index, kind, device, weights, nbytes, *self.programs(kind, device))
+
+    def upload_weights(self, index: int | str, device: Device) -> list[tvm.runtime.Tensor]:
+        """A unit's weights copied from its .jlm page onto `device` (one tensor each: TVM kernels
+        reject views with a byte offset, so a page cannot be one tensor sliced into weights)."""
+        return [device.upload(self.model.tensor(n)) for n in self.layout.tensor_names(index)]
 
     def pool(self, device: Device) -> PagePool:
         """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""

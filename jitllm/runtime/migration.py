@@ -45,7 +45,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     kv_bytes = 0
     try:
         if source.name == "host":
-            weights = [dest.upload(executor.model.tensor(n)) for n in executor.layout.tensor_names(index)]
+            weights = executor.upload_weights(index, dest)
         else:
             weights = [to_device(w, dest) for w in unit.weights]
         if unit.kind.kind == "llama":

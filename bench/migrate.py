@@ -1,0 +1,90 @@
+"""Migration latency: move one block with 1k/4k/16k tokens of KV history between the host and a
+device (and back), against a plain copy of the same bytes measured in the same run.
+
+    python3 bench/migrate.py [-device cuda:0] [-presets smollm2-135m,llama-3.2-3b] [-wtype f16]
+
+Without a GPU, -device sim runs the same code between the host and a simulated device (both in host
+memory). The model is a 2-block random model of the preset's block shape; the KV history is allocated
+page by page as a real session would hold it (its values are irrelevant to the copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def plain_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
+    """Median time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy)."""
+    src = source.upload(np.zeros(nbytes // 4, np.float32))
+    times = []
+    for _ in range(reps):
+        dest.synchronize()
+        start = time.perf_counter()
+        moved = src.copyto(dest.tvm_device)
+        dest.synchronize()
+        times.append(time.perf_counter() - start)
+        del moved
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-device", default="cuda:0")
+    ap.add_argument("-presets", default="smollm2-135m,llama-3.2-3b")
+    ap.add_argument("-wtype", default="f16")
+    ap.add_argument("-history", default="1024,4096,16384")
+    ap.add_argument("-cache", default="cache")
+    ap.add_argument("-reps", type=int, default=3)
+    args = ap.parse_args()
+
+    from jitllm.model import load
+    from jitllm.random_model import PRESETS, write_random_model
+    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.kv_pages import PageTable
+
+    histories = [int(h) for h in args.history.split(",")]
+    print(f"{'shape':<14} {'history':>7} {'direction':<18} {'weights MiB':>11} {'KV MiB':>8} "
+          f"{'move ms':>8} {'copy ms':>8} {'ratio':>6}")
+    for preset in args.presets.split(","):
+        cfg = dataclasses.replace(PRESETS[preset], num_blocks=2, context=max(histories) + 64)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "m.jlm"
+            write_random_model(path, cfg, args.wtype)
+            extra = [simulated_device("sim")] if args.device == "sim" else []
+            model = load(path, devices="cpu" if args.device == "sim" else args.device, placement="*=host,head=host",
+                         ctx=max(histories) + 64, cache_dir=args.cache, extra_devices=extra, cpu_kernels="exact")
+        ex = model.executor
+        host, dev = model.devices["host"], model.devices[args.device]
+        for history in histories:
+            session = ex.new_session()
+            for unit in ex.blocks:
+                table = PageTable(ex.pool(unit.device))
+                table.ensure(history)
+                session.tables[unit.index] = table
+            session.length = history
+            for direction, target, back in (("host -> " + dev.name, dev.name, "host"), (dev.name + " -> host", "host", dev.name)):
+                moves, copies = [], []
+                for _ in range(args.reps):
+                    if direction.startswith(dev.name):
+                        model.move("0", dev.name)
+                    report = model.move("0", target)[0]
+                    moves.append(report.seconds)
+                    src, dst = (host, dev) if target == dev.name else (dev, host)
+                    copies.append(plain_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
+                    if target == dev.name:
+                        model.move("0", "host")
+                move_ms, copy_ms = 1e3 * statistics.median(moves), 1e3 * statistics.median(copies)
+                print(f"{preset:<14} {history:>7} {direction:<18} {report.weight_bytes / 2**20:>11.1f} "
+                      f"{report.kv_bytes / 2**20:>8.1f} {move_ms:>8.2f} {copy_ms:>8.2f} {move_ms / copy_ms:>6.2f}")
+            ex.close_session(session)
+
+
+if __name__ == "__main__":
+    main()

@@ -87,7 +87,7 @@ def _valid(path: Path) -> bool:
 def _build(kind: BlockKind, target, dest: Path) -> None:
     try:
         from jitllm.lowering.onnx_import import to_relax
-    except ImportError:
+    except Exception:  # ImportError, or TVM failing half-way through importing relax without its compiler
         raise JitllmError(
             f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
             f"(runtime-only); run `jitllm compile -target {target.name} MODEL` where TVM is complete") from None

@@ -33,7 +33,7 @@ class PagePool:
     def _grow_to(self, num_pages: int) -> None:
         """Reallocate the pool with more pages, keeping every page's content and id."""
         extra = num_pages - self.num_pages
-        self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages")
+        self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages", kv=True)
         grown = self.device.empty((num_pages, *self._page_shape), "float32")
         if self.num_pages:
             data = np.zeros((num_pages, *self._page_shape), np.float32)
@@ -62,7 +62,7 @@ class PagePool:
         self._free.extend(reversed(ids))
 
     def close(self) -> None:
-        self.device.release(self.num_pages * self.page_bytes)
+        self.device.release(self.num_pages * self.page_bytes, kv=True)
         self.pages = None
         self.num_pages = 0
 

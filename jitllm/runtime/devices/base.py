@@ -18,24 +18,35 @@ class Device:
     target: object
     tvm_device: tvm.runtime.Device
     budget_bytes: int | None = None
+    """Weight budget (the planner's: -devices X=SIZE, -vram, or free memory less headroom)."""
     used_bytes: int = 0
+    kv_budget_bytes: int | None = None
+    """KV page pools live in the headroom the weight budget leaves; None = as much as allocation gives."""
+    kv_bytes: int = 0
     fail_next_alloc: bool = field(default=False, repr=False)
     """Fault injection for tests: the next allocation raises as if the device were out of memory."""
     inject_fault: bool = field(default=False, repr=False)
     """Fault injection for tests: the next block run on this device fails as a kernel launch would."""
 
-    def reserve(self, nbytes: int, what: str) -> None:
-        """Charge `nbytes` to the budget or raise without charging anything."""
+    def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
+        """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
         if self.fail_next_alloc:
             self.fail_next_alloc = False
             raise JitllmError(f"{self.name}: allocation of {what} failed (injected fault)")
-        if self.budget_bytes is not None and self.used_bytes + nbytes > self.budget_bytes:
-            left = self.budget_bytes - self.used_bytes
+        used, budget = (self.kv_bytes, self.kv_budget_bytes) if kv else (self.used_bytes, self.budget_bytes)
+        if budget is not None and used + nbytes > budget:
+            left = budget - used
             raise JitllmError(f"{self.name}: {what} needs {nbytes / 2**20:.1f} MiB, {left / 2**20:.1f} MiB left")
-        self.used_bytes += nbytes
+        if kv:
+            self.kv_bytes += nbytes
+        else:
+            self.used_bytes += nbytes
 
-    def release(self, nbytes: int) -> None:
-        self.used_bytes = max(0, self.used_bytes - nbytes)
+    def release(self, nbytes: int, kv: bool = False) -> None:
+        if kv:
+            self.kv_bytes = max(0, self.kv_bytes - nbytes)
+        else:
+            self.used_bytes = max(0, self.used_bytes - nbytes)
 
     def upload(self, array: np.ndarray) -> tvm.runtime.Tensor:
         return tvm.runtime.tensor(np.ascontiguousarray(array), self.tvm_device)

@@ -40,7 +40,7 @@ def cache_policy() -> str:
     return policy
 
 
-COMMON_SOURCES = ("__init__.py", "cache.py", "onnx_import.py", "kernels_pages.py")
+COMMON_SOURCES = ("__init__.py", "onnx_import.py", "kernels_pages.py")
 
 
 @lru_cache(maxsize=None)

@@ -27,14 +27,13 @@ class Position:
 class VerifyReport:
     positions: list[Position]
     checked: int
+    max_diff: float
+    """Largest |logit difference| over every compared position (reported or not)."""
 
     @property
     def errors(self) -> list[Position]:
         return [p for p in self.positions if p.verdict == "error"]
 
-    @property
-    def max_diff(self) -> float:
-        return max((p.max_diff for p in self.positions), default=0.0)
 
 
 def compare(host_logits: np.ndarray, dev_logits: np.ndarray, index: int, tol: float) -> Position:
@@ -56,10 +55,11 @@ def verify(host_model, device_model, prompt_ids: list[int], n: int, tol: float) 
     positions: list[Position] = []
     hl = host_model.executor.forward(hs, prompt_ids)
     dl = device_model.executor.forward(ds, prompt_ids)
-    checked = 0
+    checked, worst = 0, 0.0
     for step in range(n):
         checked += 1
         pos = compare(hl, dl, len(prompt_ids) + step - 1, tol)
+        worst = max(worst, pos.max_diff)
         if pos.max_diff > tol or pos.host_top1 != pos.device_top1:
             positions.append(pos)
         token = pos.host_top1
@@ -67,4 +67,4 @@ def verify(host_model, device_model, prompt_ids: list[int], n: int, tol: float) 
         dl = device_model.executor.forward(ds, [token])
     host_model.executor.close_session(hs)
     device_model.executor.close_session(ds)
-    return VerifyReport(positions, checked)
+    return VerifyReport(positions, checked, worst)

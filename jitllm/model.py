@@ -12,7 +12,7 @@ from jitllm.runtime.devices.base import Device
 from jitllm.runtime.devices.host import HOST, host_device
 from jitllm.runtime.executor import Executor, Session
 from jitllm.runtime.generation import GenerationStats, generate_ids
-from jitllm.runtime.migration import MoveReport, move_units
+from jitllm.runtime.migration import MoveReport, move_unit, move_units
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
 from jitllm.runtime.planner import Plan, plan
@@ -42,11 +42,25 @@ class Model:
         if self.log is not None:
             self.log(message)
 
+    grow_queue: list[tuple[int | str, str]] = field(default_factory=list)
+    """-gpu-grow: (unit, device) moves still to make, one per generated token."""
+
     def _scheduled_moves(self, produced: int) -> list[MoveReport]:
         reports: list[MoveReport] = []
         for spec in self.move_schedule.get(produced, []):
             reports += move_units(self, spec)
+        if self.grow_queue:
+            index, device = self.grow_queue.pop(0)
+            reports += move_units(self, f"{index}={device}")
         return reports
+
+    def relocate_from(self, device: Device, error: Exception) -> None:
+        """-relocate: the device cannot grow the context; hand its last unpinned block to the host."""
+        candidates = [u for u in self.executor.blocks if u.device is device and not self.plan.blocks[u.index].pinned]
+        if not candidates:
+            raise JitllmError(f"{device.name}: the context cannot grow ({error}) and every block there is pinned")
+        report = move_unit(self.executor, candidates[-1].index, self.devices[HOST])
+        self._log("relocated: " + report.describe())
 
     def new_session(self) -> Session:
         return self.executor.new_session()
@@ -137,12 +151,15 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
          log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
-         extra_devices: list[Device] | None = None, cpu_kernels: str = "fast") -> Model:
+         extra_devices: list[Device] | None = None, cpu_kernels: str = "fast", relocate: bool = True,
+         gpu_grow: bool = False) -> Model:
     """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
 
     `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
     devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
-    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations)."""
+    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations). `relocate`: when a
+    device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
+    start on the host and move one block per generated token to where the plan puts it."""
     from jitllm.runtime.device_spec import parse_devices
     from jitllm.tokenizer import Tokenizer
 
@@ -169,9 +186,18 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
         devs[extra.name.lower()] = extra
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]
+    grow: list[tuple[int | str, str]] = []
+    if gpu_grow:
+        for index, assignment in [*enumerate(the_plan.blocks), (HEAD, the_plan.head)]:
+            if assignment.device != HOST and not assignment.pinned:
+                grow.append((index, assignment.device))
+                where[index] = devs[HOST]
     context = min(ctx or DEFAULT_CTX, layout.config.context)
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {ctx})")
     executor = Executor(file, layout, where, context, cache_dir=Path(cache_dir) if cache_dir else None, log=log)
-    return Model(Path(path), file, layout, the_plan, devs, executor, tokenizer, no_gpu_fallback=no_gpu_fallback,
-                 log=log)
+    model = Model(Path(path), file, layout, the_plan, devs, executor, tokenizer, no_gpu_fallback=no_gpu_fallback,
+                  log=log, grow_queue=grow)
+    if relocate:
+        executor.relocate = model.relocate_from
+    return model

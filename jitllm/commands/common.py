@@ -22,6 +22,9 @@ def placement_options(func):
         opt("no-gpu-fallback", "no_gpu_fallback", is_flag=True, help="fail instead of finishing on the CPU when a device breaks"),
         opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
             help="host kernels: fast = int8-quantized activations, exact = f32 activations"),
+        click.option("-relocate/-no-relocate", "--relocate/--no-relocate", "relocate", default=True, show_default=True,
+                     help="when a device cannot grow the context, hand its last block to the host"),
+        opt("gpu-grow", "gpu_grow", is_flag=True, help="start on the CPU, move one block per token onto the devices"),
         opt("v", "verbose", is_flag=True, help="print the placement plan"),
     ]
     for decorator in reversed(decorators):
@@ -30,7 +33,7 @@ def placement_options(func):
 
 
 def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
-               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, verbose: bool):
+               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, relocate: bool, gpu_grow: bool, verbose: bool):
     """Load (converting the built-in default when `model_path` is None) and report on stderr."""
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import load, with_placement
@@ -43,10 +46,10 @@ def load_model(model_path: str | None, devices: str, vram, placement, placement_
     log = stderr_log if verbose else _compile_log
     return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
                 cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback,
-                cpu_kernels=cpu_kernels)
+                cpu_kernels=cpu_kernels, relocate=relocate, gpu_grow=gpu_grow)
 
 
 def _compile_log(message: str) -> None:
     """Without -v, the plan stays quiet; compile, cache, move and fallback events still reach stderr."""
-    if message.startswith(("compiled", "cache:", "moved", "warning:")):
+    if message.startswith(("compiled", "cache:", "moved", "relocated", "warning:")):
         click.echo(f"jitllm: {message}", err=True)

@@ -76,6 +76,8 @@ class Executor:
         self.head = self._load_unit(HEAD, layout.head, placement[HEAD])
         self._session_ids = itertools.count()
         self.sessions: dict[int, Session] = {}
+        self.relocate: Callable[[Device, Exception], None] | None = None
+        """Called when a device cannot grow the context; moves a block off it (or raises)."""
 
     # -- loading ---------------------------------------------------------------------------------
     def program(self, kind: BlockKind, device: Device) -> Program:
@@ -114,6 +116,24 @@ class Executor:
         return self.pools[device.name]
 
     # -- sessions and steps ----------------------------------------------------------------------
+    def _pages_for(self, session: Session, unit: Unit, positions: int) -> PageTable:
+        """The unit's page table holding `positions` positions. When a device has no room for more
+        pages, `relocate` (if set) moves a block off that device, KV and all, and we try again."""
+        while True:
+            table = session.tables.get(unit.index)
+            if table is None:
+                table = session.tables[unit.index] = PageTable(self.pool(unit.device))
+            try:
+                table.ensure(positions)
+                return table
+            except Exception as e:  # out of pages, over the KV budget, or the device's own allocator failing
+                if unit.device.name == HOST_NAME:
+                    raise
+                if self.relocate is None:
+                    raise JitllmError(f"{unit.device.name}: no room for more KV pages, so the context stops "
+                                      f"growing there (-relocate is off): {e}") from None
+                self.relocate(unit.device, e)
+
     def unit(self, index: int | str) -> Unit:
         return self.head if index == HEAD else self.blocks[index]
 
@@ -146,6 +166,7 @@ class Executor:
         per_device: dict[str, tuple] = {}
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
         for unit in self.blocks:
+            table = self._pages_for(session, unit, past + n)
             dev = unit.device
             if dev.name not in per_device:
                 per_device[dev.name] = (dev.upload(self._cos[past:past + n][None]),
@@ -154,10 +175,6 @@ class Executor:
             cos, sin, past_t = per_device[dev.name]
             _check_fault(dev)
             h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
-            table = session.tables.get(unit.index)
-            if table is None:
-                table = session.tables[unit.index] = PageTable(self.pool(dev))
-            table.ensure(past + n)
             pages = self.pools[dev.name].pages
             try:
                 program = unit.program_for(n)

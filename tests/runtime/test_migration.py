@@ -124,3 +124,37 @@ def test_no_gpu_fallback_fails_clearly(tiny_model, cache_dir):
     model.devices["sim:0"].inject_fault = True
     with pytest.raises(JitllmError, match="sim:0: kernel launch failed .*-no-gpu-fallback"):
         model.generate_ids(PROMPT, 4)
+
+
+def test_relocate_hands_the_last_block_to_the_host_when_kv_runs_out(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir)
+    logs = []
+    model.log = logs.append
+    sim = model.devices["sim:0"]
+    model.move("*", "sim:0")
+    # room for the pool's first 4 pages only: 2 blocks x 2 pages = 32 positions, the run needs 50
+    sim.kv_budget_bytes = 4 * model.executor.pool(sim).page_bytes
+    assert model.generate_ids(PROMPT, N) == baseline
+    assert [u.device.name for u in model.executor.blocks] == ["sim:0", "host"]
+    assert any(line.startswith("relocated: moved block 1 sim:0 -> host") for line in logs)
+
+
+def test_without_relocate_the_context_stops_growing_with_a_clear_error(tiny_model, cache_dir):
+    model = _load(tiny_model, cache_dir)
+    model.executor.relocate = None
+    sim = model.devices["sim:0"]
+    model.move("*", "sim:0")
+    sim.kv_budget_bytes = 4 * model.executor.pool(sim).page_bytes
+    with pytest.raises(JitllmError, match="sim:0: no room for more KV pages.*-relocate is off"):
+        model.generate_ids(PROMPT, N)
+
+
+def test_gpu_grow_moves_one_block_per_token(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir)
+    model.grow_queue = [(0, "sim:0"), (1, "sim:0"), ("head", "sim:0")]
+    tokens = []
+    for i, token in enumerate(model.generate_tokens(PROMPT, N, SamplingParams(0.0))):
+        tokens.append(token)
+        on_sim = sum(u.device.name == "sim:0" for u in [*model.executor.blocks, model.executor.head])
+        assert on_sim == min(i, 3)  # the move for token i follows its delivery
+    assert tokens == baseline

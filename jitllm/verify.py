@@ -45,7 +45,6 @@ def compare(host_logits: np.ndarray, dev_logits: np.ndarray, index: int, tol: fl
         verdict = "error"
     elif h1 != d1:
         verdict = "near-tie" if margin <= 2 * diff else "error"
-        verdict = "error"
     else:
         verdict = "ok"
     return Position(index, diff, h1, d1, margin, verdict)

@@ -103,13 +103,15 @@ def _hsum(v, lanes: int):
 
 def vexp(x):
     """exp of a float32 scalar or vector expression without libm calls (LLVM would scalarise a vector
-    exp into expf calls): Cephes' expf, range-reduced by powers of two, within ~2 ulp for x >= -87."""
+    exp into expf calls): Cephes' expf, range-reduced by powers of two, within ~2 ulp for x >= -87
+    (smaller x give exp(-87.3) ~ 1e-38 instead of a smaller denormal or zero)."""
+    if not hasattr(x, "ty"):  # a te.Tensor element
+        x = x.asobject()
     lanes = x.ty.dtype.lanes
-    vt = "float32" if lanes == 1 else f"float32x{lanes}"
-    it = "int32" if lanes == 1 else f"int32x{lanes}"
 
-    def c(v):
-        return T.Broadcast(T.float32(v), lanes) if lanes > 1 else T.float32(v)
+    def c(v, dtype="float32"):
+        v = tvm.tirx.const(v, dtype)
+        return T.Broadcast(v, lanes) if lanes > 1 else v
 
     xc = T.max(T.min(x, c(88.3762626647949)), c(-87.3365447505531))
     n = T.floor(xc * c(1.44269504088896341) + c(0.5))
@@ -118,9 +120,9 @@ def vexp(x):
     for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
         p = p * r + c(coef)
     y = p * r * r + r + c(1.0)
-    scale = T.reinterpret(vt, T.shift_left(T.Cast(it, n) + (T.Broadcast(T.int32(127), lanes) if lanes > 1
-                                                           else T.int32(127)), 23 if lanes == 1 else T.Broadcast(T.int32(23), lanes)))
-    return y * scale
+    itype = "int32" if lanes == 1 else f"int32x{lanes}"
+    two_n = T.shift_left(T.Cast(itype, n) + c(127, "int32"), c(23, "int32"))
+    return y * T.reinterpret("float32" if lanes == 1 else f"float32x{lanes}", two_n)
 
 
 def _page_k(page, kv, i, j):

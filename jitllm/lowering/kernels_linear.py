@@ -50,18 +50,21 @@ _UNPACK_LO = [0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27]
 _UNPACK_HI = [4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31]
 
 
-def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic"
+def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic", threads: int = 1
                   ) -> tuple[str, tvm.tirx.PrimFunc]:
-    """(global symbol, PrimFunc) computing y[M, N/R, R] from x[M, K] (or [M, K/32, 32]) and the weight parts."""
+    """(global symbol, PrimFunc) computing y[M, N/R, R] from x[M, K] (or [M, K/32, 32]) and the weight parts.
+
+    `threads`: the thread pool size the fast kernels split a single token's rows over (part of the
+    target's cache key)."""
     if kernels not in KERNELS:
         raise ValueError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
     g, variant = n // R, "exact"
     if kernels == "fast" and wtype in ("f32", "f16"):
         func, variant = _float_fast(wtype, g, k), "fast"
     elif kernels == "fast" and isa == "avx2" and wtype in ("q4_0", "q4_1"):
-        func, variant = _q4_avx2(wtype, g, k), "avx2"
+        func, variant = _q4_avx2(wtype, g, k, threads), "avx2"
     elif kernels == "fast" and isa == "avx2" and wtype == "q8_0":
-        func, variant = _q8_0_avx2(g, k), "avx2"
+        func, variant = _q8_0_avx2(g, k, threads), "avx2"
     else:
         factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
         func = factory(wtype, g, k)
@@ -239,6 +242,11 @@ def _psign(a, b):
     return T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", a, b)
 
 
+def _prefetch(buf, idx):
+    return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]), T.int32(0), T.int32(3),
+                              T.int32(1))
+
+
 def _widen_halves(s16):
     """[rows 0..7 | rows 0..7] int16x16 -> int32x8 row sums."""
     return (T.Cast("int32x8", T.Shuffle([s16], list(range(8))))
@@ -246,47 +254,120 @@ def _widen_halves(s16):
 
 
 def _quantize_activations():
-    """A macro quantizing x[M, NB, 32] to int8 per block: scale xd, xs = xd * sum(q), and the activation
-    byte patterns xe[m, b, c] (X_PATTERN[c]) the AVX2 dot products read."""
+    """A macro quantizing the 32-block x[m, b] to int8: scale xd, xs = xd * sum(q), and the activation byte
+    patterns xe[t, b, c] (X_PATTERN[c]) the AVX2 dot products read, stored at row t."""
     P = X_PATTERN
 
     @T.macro
-    def quantize(x, xe, xd, xs, m, b):
+    def quantize(x, xe, xd, xs, m, t, b):
         v: T.let = x.vload([m, b, 0], "float32x32")
         amax: T.let = _hmax(T.abs(v), 32)
         qf: T.let = T.nearbyint(v * T.Broadcast(T.if_then_else(amax > T.float32(0), T.float32(127) / amax,
                                                                  T.float32(0)), 32))
-        xd[m, b] = amax / T.float32(127)
-        xs[m, b] = _hsum(qf, 32) * (amax / T.float32(127))
+        xd[t, b] = amax / T.float32(127)
+        xs[t, b] = _hsum(qf, 32) * (amax / T.float32(127))
         q8: T.let = T.Cast("int8x32", T.Cast("int32x32", qf))
-        xe[m, b, 0, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[0])
-        xe[m, b, 1, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[1])
-        xe[m, b, 2, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[2])
-        xe[m, b, 3, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[3])
-        xe[m, b, 4, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[4])
-        xe[m, b, 5, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[5])
-        xe[m, b, 6, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[6])
-        xe[m, b, 7, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[7])
+        xe[t, b, 0, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[0])
+        xe[t, b, 1, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[1])
+        xe[t, b, 2, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[2])
+        xe[t, b, 3, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[3])
+        xe[t, b, 4, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[4])
+        xe[t, b, 5, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[5])
+        xe[t, b, 6, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[6])
+        xe[t, b, 7, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[7])
 
     return quantize
 
 
-def _q4_avx2(wtype: str, G: int, K: int):
+SERIAL_BYTES = 160 * 1024
+"""Decode (one token) runs single-threaded below this many weight bytes: a parallel launch costs ~2.5 us
+on the 2-vCPU VM, more than it saves on the k/v projections."""
+PREFETCH_BYTES = 6 * 1024
+"""Software prefetch distance in the AVX2 kernels (a 1536x576 Q4_1 matvec: 41 -> 32 us on one thread)."""
+
+
+def _prefetch(buf, idx):
+    return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]), T.int32(0), T.int32(3),
+                              T.int32(1))
+
+
+def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
+    """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
+    (cnt tokens: y rows m0.., activation rows t0..).
+
+    One token: each of `threads` tasks quantizes x itself (no serial section, no barrier) and takes a
+    contiguous share of the row groups; small matrices run on the calling thread alone. Several tokens:
+    x is quantized in parallel, then the tokens are walked in chunks of MB (their activations stay in L2)
+    with MT tokens per weight decode, parallel over row groups."""
+    quantize = _quantize_activations()
+    serial = weight_bytes < SERIAL_BYTES or threads < 2
+    NT = max(1, threads)
+    GC = (G + NT - 1) // NT
+    NBP = (NB + 15) // 16 * 16 + 16  # per-token scale rows padded to whole cache lines (no false sharing)
+
+    @T.macro
+    def body(x, qs, d, mn, y):
+        M = x.shape[0]
+        xe = T.alloc_buffer((T.max(M, T.int64(NT)), NB, 8, 32), "int8")
+        xd = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
+        xs = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
+        if M == 1:
+            if serial:
+                for b in T.serial(NB):
+                    quantize(x, xe, xd, xs, 0, 0, b)
+                for g in T.serial(G):
+                    for r in T.vectorized(R):
+                        y[0, g, r] = T.float32(0)
+                    for b in T.serial(NB):
+                        row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, 0, 1)
+            else:
+                for task in T.parallel(NT):
+                    for b in T.serial(NB):
+                        quantize(x, xe, xd, xs, 0, task, b)
+                    for g in T.serial(task * GC, T.min((task + 1) * GC, G)):
+                        for r in T.vectorized(R):
+                            y[0, g, r] = T.float32(0)
+                        for b in T.serial(NB):
+                            row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, task, 1)
+        else:
+            for m in T.parallel(M):
+                for b in T.serial(NB):
+                    quantize(x, xe, xd, xs, m, m, b)
+            for mb in T.serial((M + MB - 1) // MB):
+                for g in T.parallel(G):
+                    cnt: T.let = T.min(M - mb * MB, T.int64(MB))
+                    for t in T.serial(cnt // MT):
+                        for i in T.unroll(MT):
+                            for r in T.vectorized(R):
+                                y[mb * MB + t * MT + i, g, r] = T.float32(0)
+                        for b in T.serial(NB):
+                            row_block(qs, d, mn, xe, xd, xs, y, g, b, mb * MB + t * MT, mb * MB + t * MT, MT)
+                    for t in T.serial(cnt % MT):
+                        for r in T.vectorized(R):
+                            y[mb * MB + cnt // MT * MT + t, g, r] = T.float32(0)
+                        for b in T.serial(NB):
+                            row_block(qs, d, mn, xe, xd, xs, y, g, b, mb * MB + cnt // MT * MT + t,
+                                      mb * MB + cnt // MT * MT + t, 1)
+
+    return body
+
+
+def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1):
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
-    quantize = _quantize_activations()
     is_q4_1 = wtype == "q4_1"
+    PF = max(1, round(PREFETCH_BYTES / (NB * 16 * R)))
 
-    def nib_sum(w0, w1, w2, w3, xe, m, b):
+    def nib_sum(w0, w1, w2, w3, xe, t, b):
         lo = T.uint8x32(15)
-        return (_maddubs(T.bitwise_and(w0, lo), xe.vload([m, b, 0, 0], "int8x32"))
-                + _maddubs(T.shift_right(w0, T.uint8x32(4)), xe.vload([m, b, 4, 0], "int8x32"))
-                + _maddubs(T.bitwise_and(w1, lo), xe.vload([m, b, 1, 0], "int8x32"))
-                + _maddubs(T.shift_right(w1, T.uint8x32(4)), xe.vload([m, b, 5, 0], "int8x32"))
-                + _maddubs(T.bitwise_and(w2, lo), xe.vload([m, b, 2, 0], "int8x32"))
-                + _maddubs(T.shift_right(w2, T.uint8x32(4)), xe.vload([m, b, 6, 0], "int8x32"))
-                + _maddubs(T.bitwise_and(w3, lo), xe.vload([m, b, 3, 0], "int8x32"))
-                + _maddubs(T.shift_right(w3, T.uint8x32(4)), xe.vload([m, b, 7, 0], "int8x32")))
+        return (_maddubs(T.bitwise_and(w0, lo), xe.vload([t, b, 0, 0], "int8x32"))
+                + _maddubs(T.shift_right(w0, T.uint8x32(4)), xe.vload([t, b, 4, 0], "int8x32"))
+                + _maddubs(T.bitwise_and(w1, lo), xe.vload([t, b, 1, 0], "int8x32"))
+                + _maddubs(T.shift_right(w1, T.uint8x32(4)), xe.vload([t, b, 5, 0], "int8x32"))
+                + _maddubs(T.bitwise_and(w2, lo), xe.vload([t, b, 2, 0], "int8x32"))
+                + _maddubs(T.shift_right(w2, T.uint8x32(4)), xe.vload([t, b, 6, 0], "int8x32"))
+                + _maddubs(T.bitwise_and(w3, lo), xe.vload([t, b, 3, 0], "int8x32"))
+                + _maddubs(T.shift_right(w3, T.uint8x32(4)), xe.vload([t, b, 7, 0], "int8x32")))
 
     def offset(d, mn, g, b):
         # the per-block term multiplying xs = d_x * sum(q_x): m (Q4_1) or -8 d (Q4_0)
@@ -295,8 +376,9 @@ def _q4_avx2(wtype: str, G: int, K: int):
         return T.Cast("float32x8", d.vload([g, b, 0], "float16x8")) * T.Broadcast(T.float32(-8), R)
 
     @T.macro
-    def row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, cnt):
-        # cnt tokens (1 or MT) starting at m0 against the rows of group g, block b
+    def row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt):
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 0, 0]))
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 8, 0]))
         w0: T.let = T.Shuffle([qs.vload([g, b, 0, 0], "uint8x32")], S)
         w1: T.let = T.Shuffle([qs.vload([g, b, 4, 0], "uint8x32")], S)
         w2: T.let = T.Shuffle([qs.vload([g, b, 8, 0], "uint8x32")], S)
@@ -306,37 +388,11 @@ def _q4_avx2(wtype: str, G: int, K: int):
         for i in T.unroll(cnt):
             y[m0 + i, g, T.ramp(0, 1, R)] = (
                 y[m0 + i, g, T.ramp(0, 1, R)]
-                + T.Cast("float32x8", _widen_halves(nib_sum(w0, w1, w2, w3, xe, m0 + i, b)))
-                * (dw * T.Broadcast(xd[m0 + i, b], R))
-                + ow * T.Broadcast(xs[m0 + i, b], R))
+                + T.Cast("float32x8", _widen_halves(nib_sum(w0, w1, w2, w3, xe, t0 + i, b)))
+                * (dw * T.Broadcast(xd[t0 + i, b], R))
+                + ow * T.Broadcast(xs[t0 + i, b], R))
 
-    @T.macro
-    def body(x, qs, d, mn, y):
-        M = x.shape[0]
-        xe = T.alloc_buffer((M, NB, 8, 32), "int8")
-        xd = T.alloc_buffer((M, NB), "float32")
-        xs = T.alloc_buffer((M, NB), "float32")
-        if M < 16:
-            for m, b in T.grid(M, NB):
-                quantize(x, xe, xd, xs, m, b)
-        else:
-            for m in T.parallel(M):
-                for b in T.serial(NB):
-                    quantize(x, xe, xd, xs, m, b)
-        for mb in T.serial((M + MB - 1) // MB):
-            for g in T.parallel(G):
-                cnt: T.let = T.min(M - mb * MB, T.int64(MB))
-                for t in T.serial(cnt // MT):
-                    for i in T.unroll(MT):
-                        for r in T.vectorized(R):
-                            y[mb * MB + t * MT + i, g, r] = T.float32(0)
-                    for b in T.serial(NB):
-                        row_block(qs, d, mn, xe, xd, xs, y, g, b, mb * MB + t * MT, MT)
-                for t in T.serial(cnt % MT):
-                    for r in T.vectorized(R):
-                        y[mb * MB + cnt // MT * MT + t, g, r] = T.float32(0)
-                    for b in T.serial(NB):
-                        row_block(qs, d, mn, xe, xd, xs, y, g, b, mb * MB + cnt // MT * MT + t, 1)
+    body = _avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block)
 
     if is_q4_1:
         @T.prim_func
@@ -360,17 +416,17 @@ def _q4_avx2(wtype: str, G: int, K: int):
     return f0
 
 
-def _q8_0_avx2(G: int, K: int):
+def _q8_0_avx2(G: int, K: int, threads: int = 1):
     """Signed x signed: |w| (u8) times sign(x, w) with vpmaddubsw; 16-bit pairs of two chunks are
     interleaved so one vpmaddwd adds them per row without overflow."""
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
     LO, HI = _UNPACK_LO, _UNPACK_HI
-    quantize = _quantize_activations()
     ones = T.int16x16(1)
+    PF = max(1, round(PREFETCH_BYTES / (NB * 32 * R)))
 
-    def prod(w, xe, m, b, c):
-        return _maddubs(T.abs(w), _psign(xe.vload([m, b, c, 0], "int8x32"), w))
+    def prod(w, xe, t, b, c):
+        return _maddubs(T.abs(w), _psign(xe.vload([t, b, c, 0], "int8x32"), w))
 
     def pair_lo(p0, p1):
         return _maddwd(T.Shuffle([p0, p1], LO), ones)
@@ -378,15 +434,19 @@ def _q8_0_avx2(G: int, K: int):
     def pair_hi(p0, p1):
         return _maddwd(T.Shuffle([p0, p1], HI), ones)
 
-    def row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, m, b):
-        p0, p1, p2, p3 = prod(w0, xe, m, b, 0), prod(w1, xe, m, b, 1), prod(w2, xe, m, b, 2), prod(w3, xe, m, b, 3)
-        p4, p5, p6, p7 = prod(w4, xe, m, b, 4), prod(w5, xe, m, b, 5), prod(w6, xe, m, b, 6), prod(w7, xe, m, b, 7)
+    def row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, t, b):
+        p0, p1, p2, p3 = prod(w0, xe, t, b, 0), prod(w1, xe, t, b, 1), prod(w2, xe, t, b, 2), prod(w3, xe, t, b, 3)
+        p4, p5, p6, p7 = prod(w4, xe, t, b, 4), prod(w5, xe, t, b, 5), prod(w6, xe, t, b, 6), prod(w7, xe, t, b, 7)
         lo = (pair_lo(p0, p1) + pair_lo(p2, p3)) + (pair_lo(p4, p5) + pair_lo(p6, p7))
         hi = (pair_hi(p0, p1) + pair_hi(p2, p3)) + (pair_hi(p4, p5) + pair_hi(p6, p7))
         return T.Shuffle([lo, hi], [0, 1, 2, 3, 8, 9, 10, 11]) + T.Shuffle([lo, hi], [4, 5, 6, 7, 12, 13, 14, 15])
 
     @T.macro
-    def row_block(qs, d, xe, xd, y, g, b, m0, cnt):
+    def row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt):
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 0, 0]))
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 8, 0]))
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 16, 0]))
+        T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 24, 0]))
         w0: T.let = T.Shuffle([qs.vload([g, b, 0, 0], "int8x32")], S)
         w1: T.let = T.Shuffle([qs.vload([g, b, 4, 0], "int8x32")], S)
         w2: T.let = T.Shuffle([qs.vload([g, b, 8, 0], "int8x32")], S)
@@ -399,8 +459,10 @@ def _q8_0_avx2(G: int, K: int):
         for i in T.unroll(cnt):
             y[m0 + i, g, T.ramp(0, 1, R)] = (
                 y[m0 + i, g, T.ramp(0, 1, R)]
-                + T.Cast("float32x8", row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, m0 + i, b))
-                * (dw * T.Broadcast(xd[m0 + i, b], R)))
+                + T.Cast("float32x8", row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, t0 + i, b))
+                * (dw * T.Broadcast(xd[t0 + i, b], R)))
+
+    body = _avx2_driver(G, NB, threads, G * NB * (32 + 2) * R, row_block)
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
@@ -408,29 +470,6 @@ def _q8_0_avx2(G: int, K: int):
         M = T.int64()
         x = T.match_buffer(x_h, (M, NB, 32), "float32")
         y = T.match_buffer(y_h, (M, G, R), "float32")
-        xe = T.alloc_buffer((M, NB, 8, 32), "int8")
-        xd = T.alloc_buffer((M, NB), "float32")
-        xs = T.alloc_buffer((M, NB), "float32")
-        if M < 16:
-            for m, b in T.grid(M, NB):
-                quantize(x, xe, xd, xs, m, b)
-        else:
-            for m in T.parallel(M):
-                for b in T.serial(NB):
-                    quantize(x, xe, xd, xs, m, b)
-        for mb in T.serial((M + MB - 1) // MB):
-            for g in T.parallel(G):
-                cnt: T.let = T.min(M - mb * MB, T.int64(MB))
-                for t in T.serial(cnt // MT):
-                    for i in T.unroll(MT):
-                        for r in T.vectorized(R):
-                            y[mb * MB + t * MT + i, g, r] = T.float32(0)
-                    for b in T.serial(NB):
-                        row_block(qs, d, xe, xd, y, g, b, mb * MB + t * MT, MT)
-                for t in T.serial(cnt % MT):
-                    for r in T.vectorized(R):
-                        y[mb * MB + cnt // MT * MT + t, g, r] = T.float32(0)
-                    for b in T.serial(NB):
-                        row_block(qs, d, xe, xd, y, g, b, mb * MB + cnt // MT * MT + t, 1)
+        body(x, qs, d, d, y)
 
     return f

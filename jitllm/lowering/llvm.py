@@ -49,7 +49,7 @@ def relax_pipeline() -> tvm.transform.Pass:
         return tvm.transform.Sequential([
             backend.DispatchSampling(),
             backend.DispatchSortScan(),
-            transform.LegalizeOps(),
+            transform.LegalizeOps({"relax.sigmoid": _legalize_sigmoid}),
             transform.AnnotateTIROpPattern(),
             transform.FoldConstant(),
             transform.FuseOps(),
@@ -69,6 +69,20 @@ def relax_pipeline() -> tvm.transform.Pass:
 
     del relax
     return _pipeline
+
+
+def _legalize_sigmoid(bb, call):
+    """sigmoid with the polynomial exp of kernels_attention.vexp (LLVM turns a libm expf per element
+    into a call it cannot vectorise: 10 us per 1536 elements)."""
+    from tvm import te
+
+    from jitllm.lowering.kernels_attention import vexp
+
+    def compute(x):
+        return te.compute(x.shape, lambda *i: tvm.tirx.const(1.0, "float32")
+                          / (tvm.tirx.const(1.0, "float32") + vexp(-x(*i))), name="sigmoid")
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint="fast_sigmoid")
 
 
 def host_isa() -> str:
@@ -120,7 +134,7 @@ class LlvmTarget:
     def linear_kernel(self, wtype: str, n: int, k: int):
         from jitllm.lowering.kernels_linear import linear_kernel
 
-        return linear_kernel(wtype, n, k, self.kernels, self.isa)
+        return linear_kernel(wtype, n, k, self.kernels, self.isa, self.threads)
 
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels_attention import attention_kernel
@@ -141,4 +155,4 @@ class LlvmTarget:
 
     def cache_key(self) -> dict:
         return {"target": host_target_dict(), "arch": platform.machine(), "kernels": self.kernels,
-                "isa": self.isa}
+                "isa": self.isa, "threads": self.threads}

@@ -21,7 +21,7 @@ from jitllm.quant import dequantize, parts_from_float
 
 AVX2 = host_isa() == "avx2"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
-SHAPES = [(64, 96), (1536, 576)]
+SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 3 threads
 TOKENS = (1, 3, 4, 9, 70)  # 70: two chunks of the prefill path (64 tokens each) and a ragged tail
 
 
@@ -48,20 +48,30 @@ def _run_linear(lib, symbol, wtype, n, k, parts, x):
     return y.numpy().reshape(m, n)
 
 
-def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool):
+def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool, threads=(None,)):
+    """`threads`: also build the kernels for these thread-pool sizes (None: the target's own), since the
+    fast decode path splits rows per thread."""
+    from jitllm.lowering.kernels_linear import linear_kernel
+
     rng = np.random.default_rng(0)
     funcs, cases = {}, []
     for wtype in wtypes:
         for n, k in SHAPES:
-            symbol, func = target_obj.linear_kernel(wtype, n, k)
-            funcs[symbol] = func
-            w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
-            parts = parts_from_float(wtype, w)
-            cases.append((symbol, wtype, n, k, parts, dequantize(wtype, parts)))
+            for nt in (threads if wtype.startswith("q") else (None,)):
+                if nt is None:
+                    symbol, func = target_obj.linear_kernel(wtype, n, k)
+                else:
+                    symbol, func = linear_kernel(wtype, n, k, target_obj.kernels, target_obj.isa, nt)
+                    symbol = f"{symbol}_t{nt}"
+                    func = func.with_attr("global_symbol", symbol)
+                funcs[symbol] = func
+                w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+                parts = parts_from_float(wtype, w)
+                cases.append((symbol, wtype, n, k, parts, dequantize(wtype, parts)))
     lib = _build(funcs, tvm_target)
     for symbol, wtype, n, k, parts, w in cases:
         quantized_path = fast_expected and wtype.startswith("q")
-        assert symbol.endswith("_avx2") == quantized_path, symbol
+        assert ("_avx2" in symbol) == quantized_path, symbol
         for m in TOKENS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = _run_linear(lib, symbol, wtype, n, k, parts, x)
@@ -83,7 +93,7 @@ def test_exact_kernels_match_numpy():
 @needs_avx2
 def test_fast_kernels_match_numpy_int8_emulation():
     t = LlvmTarget("fast")
-    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=True)
+    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=True, threads=(1, 3))
 
 
 def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():

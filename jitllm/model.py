@@ -17,6 +17,7 @@ from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
 from jitllm.runtime.planner import Plan, plan
 from jitllm.runtime.sampling import Sampler, SamplingParams
+from jitllm.runtime.seam_tuning import SeamTuner
 
 __all__ = ["Model", "load", "Placement", "PlacementOption", "parse_placement", "with_placement", "SamplingParams"]
 
@@ -44,6 +45,8 @@ class Model:
 
     grow_queue: list[tuple[int | str, str]] = field(default_factory=list)
     """-gpu-grow: (unit, device) moves still to make, one per generated token."""
+    tuner: SeamTuner | None = None
+    """-tune-seam: trials of seams while generating."""
 
     def _scheduled_moves(self, produced: int) -> list[MoveReport]:
         reports: list[MoveReport] = []
@@ -52,6 +55,8 @@ class Model:
         if self.grow_queue:
             index, device = self.grow_queue.pop(0)
             reports += move_units(self, f"{index}={device}")
+        elif self.tuner is not None:
+            reports += self.tuner.after_token(self)
         return reports
 
     def relocate_from(self, device: Device, error: Exception) -> None:
@@ -152,14 +157,15 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
          log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
          extra_devices: list[Device] | None = None, cpu_kernels: str = "fast", relocate: bool = True,
-         gpu_grow: bool = False) -> Model:
+         gpu_grow: bool = False, tune_seam: bool = False) -> Model:
     """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
 
     `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
     devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
     (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations). `relocate`: when a
     device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
-    start on the host and move one block per generated token to where the plan puts it."""
+    start on the host and move one block per generated token to where the plan puts it. `tune_seam`:
+    time a few seams while generating and keep the fastest (see runtime/seam_tuning.py)."""
     from jitllm.runtime.device_spec import parse_devices
     from jitllm.tokenizer import Tokenizer
 
@@ -200,4 +206,15 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
                   log=log, grow_queue=grow)
     if relocate:
         executor.relocate = model.relocate_from
+    if tune_seam:
+        model.tuner = seam_tuner(the_plan)
     return model
+
+
+def seam_tuner(the_plan: Plan) -> SeamTuner | None:
+    """A tuner over the engine's device blocks of the first device (None when no block is on a device)."""
+    device_blocks = [i for i, a in enumerate(the_plan.blocks) if a.device != HOST and not a.pinned]
+    if not device_blocks:
+        return None
+    device = the_plan.blocks[device_blocks[0]].device
+    return SeamTuner(device, [i for i in device_blocks if the_plan.blocks[i].device == device])

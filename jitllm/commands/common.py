@@ -25,6 +25,7 @@ def placement_options(func):
         click.option("-relocate/-no-relocate", "--relocate/--no-relocate", "relocate", default=True, show_default=True,
                      help="when a device cannot grow the context, hand its last block to the host"),
         opt("gpu-grow", "gpu_grow", is_flag=True, help="start on the CPU, move one block per token onto the devices"),
+        opt("tune-seam", "tune_seam", is_flag=True, help="time runs of tokens at different seams, keep the fastest"),
         opt("v", "verbose", is_flag=True, help="print the placement plan"),
     ]
     for decorator in reversed(decorators):
@@ -33,7 +34,8 @@ def placement_options(func):
 
 
 def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
-               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, relocate: bool, gpu_grow: bool, verbose: bool):
+               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, relocate: bool, gpu_grow: bool, tune_seam: bool,
+               verbose: bool):
     """Load (converting the built-in default when `model_path` is None) and report on stderr."""
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import load, with_placement
@@ -46,10 +48,10 @@ def load_model(model_path: str | None, devices: str, vram, placement, placement_
     log = stderr_log if verbose else _compile_log
     return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
                 cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback,
-                cpu_kernels=cpu_kernels, relocate=relocate, gpu_grow=gpu_grow)
+                cpu_kernels=cpu_kernels, relocate=relocate, gpu_grow=gpu_grow, tune_seam=tune_seam)
 
 
 def _compile_log(message: str) -> None:
     """Without -v, the plan stays quiet; compile, cache, move and fallback events still reach stderr."""
-    if message.startswith(("compiled", "cache:", "moved", "relocated", "warning:")):
+    if message.startswith(("compiled", "cache:", "moved", "relocated", "tune-seam", "warning:")):
         click.echo(f"jitllm: {message}", err=True)

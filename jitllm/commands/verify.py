@@ -18,7 +18,7 @@ DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,
      help="host kernels of the reference side")
 @placement_options
 def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-           no_gpu_fallback, cpu_kernels, relocate, gpu_grow, verbose) -> None:
+           no_gpu_fallback, cpu_kernels, relocate, gpu_grow, tune_seam, verbose) -> None:
     """Run the same tokens on the host and on -devices; report every position where the logits part.
 
     `-devices cpu -cpu-kernels fast` compares the fast host kernels with the exact reference."""
@@ -28,10 +28,11 @@ def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_st
         raise click.UsageError(f"expected [MODEL] [PROMPT], got {len(args)} arguments")
     model_path = args[0] if args else None
     prompt = args[1] if len(args) > 1 else DEFAULT_PROMPT
-    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, relocate, False, verbose)
+    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, relocate, False, False,
+              verbose)
     device_model = load_model(model_path, devices, *common)
     host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, True, False,
-                            False)
+                            False, False)
     ids = host_model.tokenizer.encode(prompt)
     report = run_verify(host_model, device_model, ids, steps, tol)
     where = sorted({u.device.name for u in [*device_model.executor.blocks, device_model.executor.head]})

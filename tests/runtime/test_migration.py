@@ -158,3 +158,17 @@ def test_gpu_grow_moves_one_block_per_token(tiny_model, cache_dir, baseline):
         on_sim = sum(u.device.name == "sim:0" for u in [*model.executor.blocks, model.executor.head])
         assert on_sim == min(i, 3)  # the move for token i follows its delivery
     assert tokens == baseline
+
+
+def test_tune_seam_tries_seams_and_keeps_output(tiny_model, cache_dir, baseline):
+    from jitllm.runtime.seam_tuning import SeamTuner
+
+    model = _load(tiny_model, cache_dir)
+    logs = []
+    model.log = logs.append
+    model.tuner = SeamTuner("sim:0", [0, 1], tokens_per_trial=2)
+    assert model.generate_ids(PROMPT, N) == baseline
+    assert model.tuner.done and set(model.tuner.results) == {0, 1, 2}
+    line = next(l for l in logs if l.startswith("tune-seam:"))
+    kept = int(line.rsplit("keeping ", 1)[1])
+    assert sum(u.device.name == "sim:0" for u in model.executor.blocks) == kept

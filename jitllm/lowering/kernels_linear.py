@@ -352,11 +352,12 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
     return body
 
 
-def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1):
+def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int = PREFETCH_BYTES,
+             prefetch_scales: bool = False):
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
-    PF = max(1, round(PREFETCH_BYTES / (NB * 16 * R)))
+    PF = max(1, round(prefetch_bytes / (NB * 16 * R)))
 
     def nib_sum(w0, w1, w2, w3, xe, t, b):
         lo = T.uint8x32(15)
@@ -379,6 +380,9 @@ def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1):
     def row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt):
         T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 0, 0]))
         T.evaluate(_prefetch(qs, [T.min(g + PF, G - 1), b, 8, 0]))
+        if prefetch_scales:
+            T.evaluate(_prefetch(d, [T.min(g + PF, G - 1), b, 0]))
+            T.evaluate(_prefetch(mn, [T.min(g + PF, G - 1), b, 0]))
         w0: T.let = T.Shuffle([qs.vload([g, b, 0, 0], "uint8x32")], S)
         w1: T.let = T.Shuffle([qs.vload([g, b, 4, 0], "uint8x32")], S)
         w2: T.let = T.Shuffle([qs.vload([g, b, 8, 0], "uint8x32")], S)

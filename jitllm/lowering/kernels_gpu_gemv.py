@@ -23,6 +23,38 @@ def gemv_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc]:
     return symbol, factory(wtype, n // R, k).with_attr("global_symbol", symbol)
 
 
+@T.macro
+def _zero(acc):
+    for r in T.serial(R):
+        acc[r] = T.float32(0)
+
+
+@T.macro
+def _warp_sum_and_store(part, acc, warp, lane, g, y, G):
+    """Lane partial sums -> shared memory -> lanes 0..R-1 add their row's 32 partials and store it."""
+    for r in T.serial(R):
+        part[warp, lane, r] = acc[r]
+    T.tvm_storage_sync("shared")
+    if lane < R and g < G:
+        acc[0] = T.float32(0)
+        for i in T.serial(32):
+            acc[0] = acc[0] + part[warp, i, lane]
+        y[0, g, lane] = acc[0]
+
+
+@T.macro
+def _q4_block(qs, x, g, b, blockacc, xsum):
+    """blockacc[r] = sum_j nibble(r, j) * x[j] over one 32-block, and xsum = sum_j x[j]."""
+    xsum[0] = T.float32(0)
+    for j in T.serial(32):
+        xsum[0] = xsum[0] + x[0, b, j]
+    _zero(blockacc)
+    for j in T.serial(16):
+        for r in T.serial(R):
+            blockacc[r] = blockacc[r] + T.Cast("float32", T.bitwise_and(qs[g, b, j, r], T.uint8(15))) * x[0, b, j] \
+                + T.Cast("float32", T.shift_right(qs[g, b, j, r], T.uint8(4))) * x[0, b, j + 16]
+
+
 def _float(wtype: str, G: int, K: int):
     wdtype = "float32" if wtype == "f32" else "float16"
     STEPS = (K + 31) // 32
@@ -36,22 +68,14 @@ def _float(wtype: str, G: int, K: int):
                     part = T.alloc_buffer((WARPS, 32, R), "float32", scope="shared")
                     acc = T.alloc_buffer((R,), "float32", scope="local")
                     g: T.let = blk * WARPS + warp
-                    for r in T.serial(R):
-                        acc[r] = T.float32(0)
+                    _zero(acc)
                     if g < G:
                         for step in T.serial(STEPS):
                             kk: T.let = step * 32 + lane
                             if kk < K:
                                 for r in T.serial(R):
                                     acc[r] = acc[r] + T.Cast("float32", w[g, kk, r]) * x[0, kk]
-                    for r in T.serial(R):
-                        part[warp, lane, r] = acc[r]
-                    T.tvm_storage_sync("shared")
-                    if lane < R and g < G:
-                        acc[0] = T.float32(0)
-                        for i in T.serial(32):
-                            acc[0] = acc[0] + part[warp, i, lane]
-                        y[0, g, lane] = acc[0]
+                    _warp_sum_and_store(part, acc, warp, lane, g, y, G)
 
     return f
 
@@ -71,27 +95,18 @@ def _q8_0(wtype: str, G: int, K: int):
                     acc = T.alloc_buffer((R,), "float32", scope="local")
                     blockacc = T.alloc_buffer((R,), "float32", scope="local")
                     g: T.let = blk * WARPS + warp
-                    for r in T.serial(R):
-                        acc[r] = T.float32(0)
+                    _zero(acc)
                     if g < G:
                         for step in T.serial(STEPS):
                             b: T.let = step * 32 + lane
                             if b < NB:
-                                for r in T.serial(R):
-                                    blockacc[r] = T.float32(0)
+                                _zero(blockacc)
                                 for j in T.serial(32):
                                     for r in T.serial(R):
                                         blockacc[r] = blockacc[r] + T.Cast("float32", qs[g, b, j, r]) * x[0, b, j]
                                 for r in T.serial(R):
                                     acc[r] = acc[r] + T.Cast("float32", d[g, b, r]) * blockacc[r]
-                    for r in T.serial(R):
-                        part[warp, lane, r] = acc[r]
-                    T.tvm_storage_sync("shared")
-                    if lane < R and g < G:
-                        acc[0] = T.float32(0)
-                        for i in T.serial(32):
-                            acc[0] = acc[0] + part[warp, i, lane]
-                        y[0, g, lane] = acc[0]
+                    _warp_sum_and_store(part, acc, warp, lane, g, y, G)
 
     return f
 
@@ -113,33 +128,16 @@ def _q4_1(wtype: str, G: int, K: int):
                     blockacc = T.alloc_buffer((R,), "float32", scope="local")
                     xsum = T.alloc_buffer((1,), "float32", scope="local")
                     g: T.let = blk * WARPS + warp
-                    for r in T.serial(R):
-                        acc[r] = T.float32(0)
+                    _zero(acc)
                     if g < G:
                         for step in T.serial(STEPS):
                             b: T.let = step * 32 + lane
                             if b < NB:
-                                xsum[0] = T.float32(0)
-                                for j in T.serial(32):
-                                    xsum[0] = xsum[0] + x[0, b, j]
-                                for r in T.serial(R):
-                                    blockacc[r] = T.float32(0)
-                                for j in T.serial(16):
-                                    for r in T.serial(R):
-                                        blockacc[r] = blockacc[r] + T.Cast(
-                                            "float32", T.bitwise_and(qs[g, b, j, r], T.uint8(15))) * x[0, b, j] + T.Cast(
-                                            "float32", T.shift_right(qs[g, b, j, r], T.uint8(4))) * x[0, b, j + 16]
+                                _q4_block(qs, x, g, b, blockacc, xsum)
                                 for r in T.serial(R):
                                     acc[r] = acc[r] + T.Cast("float32", d[g, b, r]) * blockacc[r] + T.Cast(
                                         "float32", mn[g, b, r]) * xsum[0]
-                    for r in T.serial(R):
-                        part[warp, lane, r] = acc[r]
-                    T.tvm_storage_sync("shared")
-                    if lane < R and g < G:
-                        acc[0] = T.float32(0)
-                        for i in T.serial(32):
-                            acc[0] = acc[0] + part[warp, i, lane]
-                        y[0, g, lane] = acc[0]
+                    _warp_sum_and_store(part, acc, warp, lane, g, y, G)
 
     return f
 
@@ -160,31 +158,14 @@ def _q4_0(wtype: str, G: int, K: int):
                     blockacc = T.alloc_buffer((R,), "float32", scope="local")
                     xsum = T.alloc_buffer((1,), "float32", scope="local")
                     g: T.let = blk * WARPS + warp
-                    for r in T.serial(R):
-                        acc[r] = T.float32(0)
+                    _zero(acc)
                     if g < G:
                         for step in T.serial(STEPS):
                             b: T.let = step * 32 + lane
                             if b < NB:
-                                xsum[0] = T.float32(0)
-                                for j in T.serial(32):
-                                    xsum[0] = xsum[0] + x[0, b, j]
-                                for r in T.serial(R):
-                                    blockacc[r] = T.float32(0)
-                                for j in T.serial(16):
-                                    for r in T.serial(R):
-                                        blockacc[r] = blockacc[r] + T.Cast(
-                                            "float32", T.bitwise_and(qs[g, b, j, r], T.uint8(15))) * x[0, b, j] + T.Cast(
-                                            "float32", T.shift_right(qs[g, b, j, r], T.uint8(4))) * x[0, b, j + 16]
+                                _q4_block(qs, x, g, b, blockacc, xsum)
                                 for r in T.serial(R):
                                     acc[r] = acc[r] + T.Cast("float32", d[g, b, r]) * (blockacc[r] - T.float32(8) * xsum[0])
-                    for r in T.serial(R):
-                        part[warp, lane, r] = acc[r]
-                    T.tvm_storage_sync("shared")
-                    if lane < R and g < G:
-                        acc[0] = T.float32(0)
-                        for i in T.serial(32):
-                            acc[0] = acc[0] + part[warp, i, lane]
-                        y[0, g, lane] = acc[0]
+                    _warp_sum_and_store(part, acc, warp, lane, g, y, G)
 
     return f

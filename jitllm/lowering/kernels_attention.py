@@ -53,6 +53,27 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
             out[b, s, h, T.ramp(0, 1, D)] = (out[b, s, h, T.ramp(0, 1, D)]
                                              + T.Broadcast(sc[b, s, h, j], D) * vb.vload(vidx(a0, a1, i, j), VD))
 
+    @T.macro
+    def item_attention(q, k, v, pages, pt, past, out, st, sc, item):
+        # one (sequence, query, head): an online softmax over its history pages, then its new keys
+        b: T.let = item // (q.shape[1] * H)
+        s: T.let = item // H % q.shape[1]
+        h: T.let = item % H
+        kv: T.let = h // GROUP
+        n: T.let = T.Cast("int64", past[b])
+        st[b, s, h, 0] = T.float32(-3.0e38)
+        st[b, s, h, 1] = T.float32(0)
+        out[b, s, h, T.ramp(0, 1, D)] = T.Broadcast(T.float32(0), D)
+        for i in T.serial((n + P - 1) // P):
+            page: T.let = T.Cast("int64", pt[b, i])
+            tile(q, pages, pages, out, st, sc, b, s, h, _page_k, _page_v, page, kv, i,
+                 T.min(n - i * P, T.int64(P)))
+        for i in T.serial((s + P) // P):
+            tile(q, k, v, out, st, sc, b, s, h, _new_kv, _new_kv, b, kv, i * P,
+                 T.min(s + 1 - i * P, T.int64(P)))
+        inv: T.let = T.float32(1) / st[b, s, h, 1]
+        out[b, s, h, T.ramp(0, 1, D)] = out[b, s, h, T.ramp(0, 1, D)] * T.Broadcast(inv, D)
+
     @T.prim_func
     def f(q_h: T.handle, k_h: T.handle, v_h: T.handle, pages_h: T.handle, pt_h: T.handle, past_h: T.handle,
           out_h: T.handle):
@@ -70,26 +91,19 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
         st = T.alloc_buffer((B, S, H, 3), "float32")
         sc = T.alloc_buffer((B, S, H, P), "float32")
-        for item in T.parallel(B * S * H):
-            b: T.let = item // (S * H)
-            s: T.let = item // H % S
-            h: T.let = item % H
-            kv: T.let = h // GROUP
-            n: T.let = T.Cast("int64", past[b])
-            st[b, s, h, 0] = T.float32(-3.0e38)
-            st[b, s, h, 1] = T.float32(0)
-            out[b, s, h, T.ramp(0, 1, D)] = T.Broadcast(T.float32(0), D)
-            for i in T.serial((n + P - 1) // P):
-                page: T.let = T.Cast("int64", pt[b, i])
-                tile(q, pages, pages, out, st, sc, b, s, h, _page_k, _page_v, page, kv, i,
-                     T.min(n - i * P, T.int64(P)))
-            for i in T.serial((s + P) // P):
-                tile(q, k, v, out, st, sc, b, s, h, _new_kv, _new_kv, b, kv, i * P,
-                     T.min(s + 1 - i * P, T.int64(P)))
-            inv: T.let = T.float32(1) / st[b, s, h, 1]
-            out[b, s, h, T.ramp(0, 1, D)] = out[b, s, h, T.ramp(0, 1, D)] * T.Broadcast(inv, D)
+        if B * S * H * (T.Cast("int64", past[0]) + S) < SERIAL_WORK:
+            for item in T.serial(B * S * H):
+                item_attention(q, k, v, pages, pt, past, out, st, sc, item)
+        else:
+            for item in T.parallel(B * S * H):
+                item_attention(q, k, v, pages, pt, past, out, st, sc, item)
 
     return symbol, f.with_attr("global_symbol", symbol)
+
+
+SERIAL_WORK = 9 * 320
+"""(query, head) x key pairs below which the attention runs on the calling thread: a parallel launch
+(~2.5 us on the 2-vCPU VM) costs more than it saves on short histories."""
 
 
 def _hsum(v, lanes: int):

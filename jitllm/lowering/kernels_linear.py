@@ -291,7 +291,11 @@ def _prefetch(buf, idx):
                               T.int32(1))
 
 
-def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
+MAIN_SHARE = 0.5
+"""Share of a token's row groups the calling thread (task 0) takes: the worker threads start later."""
+
+
+def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, main_share: float | None = None):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
     (cnt tokens: y rows m0.., activation rows t0..).
 
@@ -302,7 +306,9 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
     quantize = _quantize_activations()
     serial = weight_bytes < SERIAL_BYTES or threads < 2
     NT = max(1, threads)
-    GC = (G + NT - 1) // NT
+    # task 0 (the calling thread) takes rows [0, G0), the other tasks split the rest evenly
+    G0 = G if NT == 1 else max(1, min(G, round(G * (MAIN_SHARE if main_share is None else main_share))))
+    GC = (G - G0 + NT - 2) // max(1, NT - 1)
     NBP = (NB + 15) // 16 * 16 + 16  # per-token scale rows padded to whole cache lines (no false sharing)
 
     @T.macro
@@ -324,7 +330,8 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
                 for task in T.parallel(NT):
                     for b in T.serial(NB):
                         quantize(x, xe, xd, xs, 0, task, b)
-                    for g in T.serial(task * GC, T.min((task + 1) * GC, G)):
+                    for g in T.serial(T.if_then_else(task == 0, 0, G0 + (task - 1) * GC),
+                                      T.if_then_else(task == 0, G0, T.min(G0 + task * GC, G))):
                         for r in T.vectorized(R):
                             y[0, g, r] = T.float32(0)
                         for b in T.serial(NB):
@@ -353,7 +360,7 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block):
 
 
 def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int = PREFETCH_BYTES,
-             prefetch_scales: bool = False):
+             prefetch_scales: bool = False, main_share: float | None = None):
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
@@ -396,7 +403,7 @@ def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int =
                 * (dw * T.Broadcast(xd[t0 + i, b], R))
                 + ow * T.Broadcast(xs[t0 + i, b], R))
 
-    body = _avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block)
+    body = _avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block, main_share)
 
     if is_q4_1:
         @T.prim_func

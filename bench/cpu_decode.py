@@ -12,7 +12,9 @@ llama.cpp `n_threads = n_threads_batch = -threads`. Without llama-cpp-python onl
 Roofline: bytes read per decode step (all weights + the mean KV history of tg128, f32 pages) over the
 read bandwidth measured in the same run (numpy sum over 1 GiB, one thread, and a TVM parallel sum
 with `-threads` threads; the higher is the roofline). The CPU time other processes used during each
-side's run is printed: the numbers mean little on a busy machine.
+side's run is printed: the numbers mean little on a busy machine. The jitllm process blocks the import
+of torch (tvm_ffi imports it eagerly when installed, ~200 MiB of RSS jitllm never uses); -with-torch
+measures it as `jitllm run` behaves where torch is installed.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def _peak_rss() -> int:
 
 
 def run_jitllm(args) -> dict:
+    if not args.with_torch:
+        # tvm_ffi imports torch whenever it is installed (+~200 MiB RSS); jitllm never uses it
+        sys.modules["torch"] = None
     sys.path.insert(0, str(ROOT))
     from jitllm.lowering.llvm import configure_threads
 
@@ -182,6 +187,8 @@ def side(args, name: str, kernels: str | None = None) -> dict:
            "-seed", str(args.seed)]
     if kernels:
         cmd += ["-kernels", kernels]
+    if args.with_torch:
+        cmd += ["-with-torch"]
     env = dict(os.environ)
     env.pop("TVM_NUM_THREADS", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -206,6 +213,8 @@ def main() -> None:
     ap.add_argument("-kernels", default="fast", help="jitllm CPU kernels to measure: fast, exact or fast,exact")
     ap.add_argument("-cache", default="cache", help="jitllm compile cache")
     ap.add_argument("-seed", type=int, default=0)
+    ap.add_argument("-with-torch", action="store_true",
+                    help="let tvm_ffi import torch in the jitllm process (it does whenever torch is installed)")
     ap.add_argument("-side", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 

@@ -64,11 +64,58 @@ def relax_pipeline() -> tvm.transform.Pass:
             transform.LowerRuntimeBuiltin(),
             transform.ComputePrimValue(),
             transform.VMShapeLower(),
+            _drop_static_param_checks(),
             transform.AttachGlobalSymbol(),
         ])(mod)
 
     del relax
     return _pipeline
+
+
+def _drop_static_param_checks() -> tvm.transform.Pass:
+    """Remove the VM's per-call checks of parameters whose shape is fully static (the weights).
+
+    VMShapeLower checks every parameter's dtype/ndim and shape on every call (2 VM instructions per
+    parameter: 58 of ~150 in a decode step's block). Every TIR kernel checks its own arguments again on
+    entry, so for static-shaped parameters the VM-level checks add nothing; symbolic shapes (batch, seq,
+    pages) are still matched, since they fill the shape heap."""
+    from tvm import relax
+
+    def static_checks(func) -> set:
+        drop, tensors = set(), set()
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if not (isinstance(call, relax.Call) and isinstance(call.op, relax.ExternFunc)):
+                    continue
+                if call.op.global_symbol == "vm.builtin.match_shape":
+                    ndim = int(call.args[2].value)
+                    codes = [int(a.value) for a in call.args[3:3 + 2 * ndim:2] if hasattr(a, "value")]
+                    if len(codes) == ndim and all(c == 0 for c in codes):  # all kAssertEqualToImm
+                        drop.add(binding.var)
+                        tensors.add(call.args[0])
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if (isinstance(call, relax.Call) and isinstance(call.op, relax.ExternFunc)
+                        and call.op.global_symbol == "vm.builtin.check_tensor_info" and call.args[0] in tensors):
+                    drop.add(binding.var)
+        return drop
+
+    @tvm.transform.module_pass(opt_level=0)
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            drop = static_checks(func)
+            if not drop:
+                continue
+            blocks = [relax.BindingBlock([b for b in block.bindings if b.var not in drop]) for block in func.body.blocks]
+            mod[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                                     func.attrs)
+        return mod
+
+    return _pass
 
 
 def _legalize_sigmoid(bb, call):

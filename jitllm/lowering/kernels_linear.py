@@ -295,14 +295,19 @@ MAIN_SHARE = 0.5
 """Share of a token's row groups the calling thread (task 0) takes: the worker threads start later."""
 
 
-def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, main_share: float | None = None):
+def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, main_share: float | None = None,
+                 warm=None, warm_groups: int = 0):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
     (cnt tokens: y rows m0.., activation rows t0..).
 
     One token: each of `threads` tasks quantizes x itself (no serial section, no barrier) and takes a
     contiguous share of the row groups; small matrices run on the calling thread alone. Several tokens:
     x is quantized in parallel, then the tokens are walked in chunks of MB (their activations stay in L2)
-    with MT tokens per weight decode, parallel over row groups."""
+    with MT tokens per weight decode, parallel over row groups.
+
+    `warm(qs, d, mn, g, b)` prefetches one block of a row group: each one-token task first requests its
+    first `warm_groups` groups, so their DRAM reads overlap the activation quantization instead of
+    starting when the loop reaches them (every call starts its streams cold)."""
     quantize = _quantize_activations()
     serial = weight_bytes < SERIAL_BYTES or threads < 2
     NT = max(1, threads)
@@ -319,6 +324,9 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, ma
         xs = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
         if M == 1:
             if serial:
+                for g in T.serial(min(warm_groups, G)):
+                    for b in T.serial(NB):
+                        warm(qs, d, mn, g, b)
                 for b in T.serial(NB):
                     quantize(x, xe, xd, xs, 0, 0, b)
                 for g in T.serial(G):
@@ -328,6 +336,11 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, ma
                         row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, 0, 1)
             else:
                 for task in T.parallel(NT):
+                    for g in T.serial(T.if_then_else(task == 0, 0, T.min(G0 + (task - 1) * GC, G)),
+                                      T.if_then_else(task == 0, min(warm_groups, G0),
+                                                     T.min(G0 + (task - 1) * GC + warm_groups, G))):
+                        for b in T.serial(NB):
+                            warm(qs, d, mn, g, b)
                     for b in T.serial(NB):
                         quantize(x, xe, xd, xs, 0, task, b)
                     for g in T.serial(T.if_then_else(task == 0, 0, G0 + (task - 1) * GC),
@@ -360,7 +373,7 @@ def _avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, ma
 
 
 def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int = PREFETCH_BYTES,
-             prefetch_scales: bool = False, main_share: float | None = None):
+             prefetch_scales: bool = False, main_share: float | None = None, warm: bool = True):
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
@@ -403,7 +416,17 @@ def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int =
                 * (dw * T.Broadcast(xd[t0 + i, b], R))
                 + ow * T.Broadcast(xs[t0 + i, b], R))
 
-    body = _avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block, main_share)
+    @T.macro
+    def warm_block(qs, d, mn, g, b):
+        T.evaluate(_prefetch(qs, [g, b, 0, 0]))
+        T.evaluate(_prefetch(qs, [g, b, 8, 0]))
+        if b % 4 == 0:
+            T.evaluate(_prefetch(d, [g, b, 0]))
+            if is_q4_1:
+                T.evaluate(_prefetch(mn, [g, b, 0]))
+
+    body = _avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block, main_share, warm_block,
+                        PF if warm else 0)
 
     if is_q4_1:
         @T.prim_func
@@ -473,7 +496,16 @@ def _q8_0_avx2(G: int, K: int, threads: int = 1):
                 + T.Cast("float32x8", row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, t0 + i, b))
                 * (dw * T.Broadcast(xd[t0 + i, b], R)))
 
-    body = _avx2_driver(G, NB, threads, G * NB * (32 + 2) * R, row_block)
+    @T.macro
+    def warm_block(qs, d, mn, g, b):
+        T.evaluate(_prefetch(qs, [g, b, 0, 0]))
+        T.evaluate(_prefetch(qs, [g, b, 8, 0]))
+        T.evaluate(_prefetch(qs, [g, b, 16, 0]))
+        T.evaluate(_prefetch(qs, [g, b, 24, 0]))
+        if b % 4 == 0:
+            T.evaluate(_prefetch(d, [g, b, 0]))
+
+    body = _avx2_driver(G, NB, threads, G * NB * (32 + 2) * R, row_block, None, warm_block, PF)
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"), y_h: T.handle):

@@ -13,7 +13,7 @@ import tvm
 
 class CudaTarget:
     name = "cuda"
-    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py")
+    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py")
 
     def __init__(self, arch: str = "sm_90") -> None:
         if not arch.startswith("sm_"):
@@ -40,6 +40,17 @@ class CudaTarget:
         from jitllm.lowering.kernels_gpu import attention_kernel
 
         return attention_kernel(kind)
+
+    def split_attention_kernels(self, kind):
+        """Decode variants: attention split over chunks of the history, then merged."""
+        from jitllm.lowering.kernels_gpu_attention import split_attention_kernels
+
+        return split_attention_kernels(kind)
+
+    def attention_workspace_shape(self, kind):
+        from jitllm.lowering.kernels_gpu_attention import workspace_shape
+
+        return workspace_shape(kind)
 
     def append_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import append_kernel

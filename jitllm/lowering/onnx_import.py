@@ -74,6 +74,11 @@ def _attention_converter(kind: BlockKind, target):
         @classmethod
         def _impl(cls, bb, inputs, attr, params):
             inputs = [bb.normalize(i) for i in inputs]
+            if kind.decode and hasattr(target, "split_attention_kernels"):
+                (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind)
+                shape = target.attention_workspace_shape(kind)
+                ws = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), inputs, relax.TensorType(shape, "float32")))
+                return relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, inputs[5]], inputs[0].ty)
             symbol, func = target.attention_kernel(kind)
             gv = _add_kernel(bb, symbol, func)
             return relax.call_tir(gv, inputs, inputs[0].ty)

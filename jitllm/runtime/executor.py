@@ -25,6 +25,7 @@ from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
+from jitllm.runtime.step_graphs import GraphRecord, Segment, capture_segment, segment_signature, segments
 
 
 @dataclass
@@ -76,6 +77,9 @@ class Executor:
         self.head = self._load_unit(HEAD, layout.head, placement[HEAD])
         self._session_ids = itertools.count()
         self.sessions: dict[int, Session] = {}
+        self.graphs = True
+        """Decode steps of devices that can capture them run as graphs (step_graphs.py)."""
+        self._graphs: dict[tuple[int, int | str], GraphRecord] = {}
         self.relocate: Callable[[Device, Exception], None] | None = None
         """Called when a device cannot grow the context; moves a block off it (or raises)."""
 
@@ -148,6 +152,7 @@ class Executor:
 
     def reset_session(self, session: Session) -> None:
         """Forget the session's history (its pages go back to their pools)."""
+        self.drop_graphs(session)
         for table in session.tables.values():
             table.release()
         session.tables.clear()
@@ -163,41 +168,72 @@ class Executor:
         n, past = len(ids), session.length
         if past + n > self.ctx:
             raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
-        per_device: dict[str, tuple] = {}
+        for unit in self.blocks:  # room first: relocation may move blocks, and must do so before the step
+            self._pages_for(session, unit, past + n)
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
-        for unit in self.blocks:
-            table = self._pages_for(session, unit, past + n)
-            dev = unit.device
-            if dev.name not in per_device:
-                per_device[dev.name] = (dev.upload(self._cos[past:past + n][None]),
-                                        dev.upload(self._sin[past:past + n][None]),
-                                        dev.upload(np.array([past], np.int32)))
-            cos, sin, past_t = per_device[dev.name]
-            _check_fault(dev)
-            h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
-            pages = self.pools[dev.name].pages
+        for segment in segments(self.blocks, self.head):
+            _check_fault(segment.device)
             try:
-                program = unit.program_for(n)
-                y, k, v = program.main(h, cos, sin, pages, table.tensor(), past_t, *unit.weights)
-                program.append(pages, k, v, table.tensor(), past_t)
+                if n == 1 and self.graphs and segment.device.graphs is not None:
+                    x = self._replay_segment(session, segment, x, past)
+                else:
+                    x = self._run_segment(session, segment, x, past, n)
+            except DeviceFault:
+                raise
             except Exception as e:  # TVM reports device failures (allocation, launch) as its own errors
-                if dev.name == HOST_NAME:
+                if segment.device.name == HOST_NAME:
                     raise
-                raise DeviceFault(dev.name, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from e
-            x = y
+                raise DeviceFault(segment.device.name, _last_line(e)) from e
         session.length = past + n
         session.tokens += ids
+        return x.numpy()[0, -1]
+
+    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
+        """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
+        dev = segment.device
+        if segment.blocks:
+            cos = dev.upload(self._cos[past:past + n][None])
+            sin = dev.upload(self._sin[past:past + n][None])
+            past_t = dev.upload(np.array([past], np.int32))
+            pages = self.pools[dev.name].pages
+        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+        for unit in segment.blocks:
+            table = session.tables[unit.index].tensor()
+            program = unit.program_for(n)
+            h, k, v = program.main(h, cos, sin, pages, table, past_t, *unit.weights)
+            program.append(pages, k, v, table, past_t)
+        if segment.head is None:
+            return h
         if n > 1:
-            x = x.numpy()[:, -1:]
-        head = self.head
-        _check_fault(head.device)
-        h = head.device.upload(x) if isinstance(x, np.ndarray) else to_device(x, head.device)
-        try:
-            return head.program_for(1).main(h, *head.weights).numpy()[0, -1]
-        except Exception as e:  # as above
-            if head.device.name == HOST_NAME:
-                raise
-            raise DeviceFault(head.device.name, str(e).strip().splitlines()[-1]) from e
+            h = dev.upload(h.numpy()[:, -1:])
+        return segment.head.program_for(1).main(h, *segment.head.weights)
+
+    def _replay_segment(self, session: Session, segment: Segment, x, past: int) -> tvm.runtime.Tensor:
+        """One decode step of the segment as a captured graph (captured again when what it baked changed)."""
+        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD)
+        inputs = (x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+        record = self._graphs.get(key)
+        if record is None or record.signature != segment_signature(session, segment):
+            self._graphs.pop(key, None)
+            record = capture_segment(segment.device.graphs, session, segment, inputs)
+            self._graphs[key] = record
+            if self.log:
+                self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
+                         f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
+        else:
+            record.feed(*inputs)
+        record.graph.replay()
+        return record.output
+
+    def drop_graphs(self, session: Session | None = None) -> None:
+        """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""
+        for key in [k for k in self._graphs if session is None or k[0] == session.id]:
+            del self._graphs[key]
+
+
+def _last_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__
 
 
 def _check_fault(device: Device) -> None:

@@ -15,6 +15,10 @@ from jitllm.errors import JitllmError
 from jitllm.runtime.devices.base import Device
 
 
+TABLE_ROOM = 64
+"""Page ids a table's tensor holds at first (1024 positions at 16 per page)."""
+
+
 class PagePool:
     """Hands out, frees and reports page ids of one device's pool."""
 
@@ -69,25 +73,36 @@ class PagePool:
 
 @dataclass
 class PageTable:
-    """The pages of one (block, session), in position order, and its int32 tensor for the kernels."""
+    """The pages of one (block, session), in position order, and its int32 tensor for the kernels.
+
+    The tensor has room for more ids than are in use (the kernels read only the ones the history
+    needs) and is rewritten in place when pages are added, so its address stays fixed — captured decode
+    graphs bake it — until the room doubles."""
 
     pool: PagePool
     ids: list[int] = field(default_factory=list)
     _tensor: tvm.runtime.Tensor | None = None
+    _written: int = -1
 
     def ensure(self, positions: int) -> None:
         """Own enough pages for `positions` positions."""
         need = -(-positions // self.pool.page_size) - len(self.ids)
         if need > 0:
             self.ids += self.pool.allocate(need)
-            self._tensor = None
 
     def tensor(self) -> tvm.runtime.Tensor:
-        if self._tensor is None:
-            self._tensor = self.pool.device.upload(np.asarray([self.ids or [0]], np.int32))
+        if self._written != len(self.ids):
+            room = 0 if self._tensor is None else self._tensor.shape[1]
+            if self._tensor is None or len(self.ids) > room:
+                room = max(TABLE_ROOM, 1 << (len(self.ids) - 1).bit_length())
+                self._tensor = self.pool.device.empty((1, room), "int32")
+            row = np.zeros((1, room), np.int32)
+            row[0, : len(self.ids)] = self.ids
+            self._tensor.copyfrom(row)
+            self._written = len(self.ids)
         return self._tensor
 
     def release(self) -> None:
         self.pool.free(self.ids)
         self.ids = []
-        self._tensor = None
+        self._written = -1

@@ -75,6 +75,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                 session.tables[index] = PageTable(executor.pool(dest))
     source.release(unit.nbytes)
     unit.device, unit.weights, unit.program, unit.decode_program = dest, weights, program, decode_program
+    executor.drop_graphs()  # captured steps hold the source's weights and pages
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start)
 
 

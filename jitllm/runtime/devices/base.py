@@ -23,6 +23,8 @@ class Device:
     kv_budget_bytes: int | None = None
     """KV page pools live in the headroom the weight budget leaves; None = as much as allocation gives."""
     kv_bytes: int = 0
+    graphs: object | None = field(default=None, repr=False)
+    """A GraphRecorder (jitllm.runtime.step_graphs) where decode steps can be captured and replayed."""
     fail_next_alloc: bool = field(default=False, repr=False)
     """Fault injection for tests: the next allocation raises as if the device were out of memory."""
     inject_fault: bool = field(default=False, repr=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import tvm
 
 from jitllm.errors import JitllmError
@@ -23,4 +25,9 @@ def cuda_device(choice) -> Device:
     dev = tvm.cuda(ordinal)
     if not dev.exist:
         raise JitllmError(f"{choice.name}: no such CUDA device")
-    return Device(choice.name, CudaTarget(cuda_arch(ordinal)), dev, choice.budget_bytes)
+    device = Device(choice.name, CudaTarget(cuda_arch(ordinal)), dev, choice.budget_bytes)
+    if os.environ.get("JITLLM_CUDA_GRAPHS", "1") != "0":
+        from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
+
+        device.graphs = CudaGraphRecorder(dev, choice.name)
+    return device

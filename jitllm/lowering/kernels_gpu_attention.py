@@ -1,0 +1,168 @@
+"""Split-history paged decode attention for GPUs (batch 1, one new token).
+
+One query token has too little work for one thread block per head (DESIGN.md §3: 8 blocks at batch 1,
+77 of 164 µs per block). Here the history is cut into `CHUNKS` equal chunks per KV head; one thread
+block per (KV head, chunk) runs an online softmax over its chunk for all the query heads of its group,
+tile by tile through shared memory, and writes its partial state (accumulator, max, denominator) to a
+workspace; a second kernel merges the chunks of each head. The grid never depends on the history
+length (it is read from `past` on the device), so the launch can live in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+from jitllm.ir.config import BlockKind
+
+CHUNKS = 64  # chunks per KV head
+TILE = 32  # positions per shared-memory tile
+NT = 128  # threads per block
+NEG = -3.0e38
+
+
+def workspace_shape(kind: BlockKind) -> tuple[int, int, int, int]:
+    """[kv head, chunk, query head of the group, head_dim + 2 (max, denominator)]."""
+    c = kind.config
+    return (c.kv_heads, CHUNKS, c.heads // c.kv_heads, c.head_dim + 2)
+
+
+def split_attention_kernels(kind: BlockKind) -> list[tuple[str, tvm.tirx.PrimFunc]]:
+    """(partial kernel, merge kernel), each as (symbol, PrimFunc)."""
+    return [_partial(kind), _merge(kind)]
+
+
+def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    c, P = kind.config, kind.page_size
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    G = H // HKV
+    scale = 1.0 / (D ** 0.5)
+    QLOAD = (G * D + NT - 1) // NT
+    KLOAD = (TILE * D + NT - 1) // NT
+    SCORES = (G * TILE + NT - 1) // NT
+    ACC = (G * D + NT - 1) // NT
+    symbol = f"jl_gpu_split_attention_partial_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
+
+    @T.prim_func
+    def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
+          v: T.Buffer((1, 1, HKV, D), "float32"), pages_h: T.handle, pt_h: T.handle,
+          past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        NP = T.int64()
+        MP = T.int64()
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pt = T.match_buffer(pt_h, (1, MP), "int32")
+        for blk in T.thread_binding(HKV * CHUNKS, thread="blockIdx.x"):
+            for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                q_sh = T.alloc_buffer((G, D), "float32", scope="shared")
+                k_sh = T.alloc_buffer((TILE, D + 1), "float32", scope="shared")  # +1: no bank conflicts
+                v_sh = T.alloc_buffer((TILE, D), "float32", scope="shared")
+                sc = T.alloc_buffer((G, TILE), "float32", scope="shared")  # scores
+                pr = T.alloc_buffer((G, TILE), "float32", scope="shared")  # their exponentials
+                resc = T.alloc_buffer((G,), "float32", scope="shared")  # each head's accumulator rescale
+                acc = T.alloc_buffer((ACC,), "float32", scope="local")
+                tmp = T.alloc_buffer((2,), "float32", scope="local")
+                run = T.alloc_buffer((2,), "float32", scope="local")  # thread g < G: head g's max, denominator
+                kv: T.let = blk // CHUNKS
+                chunk: T.let = blk % CHUNKS
+                n: T.let = past[0]
+                total: T.let = n + 1
+                per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
+                start: T.let = chunk * per
+                end: T.let = T.min(start + per, total)
+                for i in T.serial(QLOAD):
+                    e: T.let = i * NT + tx
+                    if e < G * D:
+                        q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(scale)
+                run[0] = T.float32(NEG)
+                run[1] = T.float32(0)
+                for i in T.serial(ACC):
+                    acc[i] = T.float32(0)
+                T.tvm_storage_sync("shared")
+                for tile in T.serial(T.max(end - start + TILE - 1, 0) // TILE):
+                    base: T.let = start + tile * TILE
+                    for i in T.serial(KLOAD):
+                        e: T.let = i * NT + tx
+                        r: T.let = e // D
+                        col: T.let = e % D
+                        t: T.let = base + r
+                        if e < TILE * D and t < end:
+                            if t < n:
+                                page: T.let = pt[0, t // P]
+                                k_sh[r, col] = pages[page, 0, kv, t % P, col]
+                                v_sh[r, col] = pages[page, 1, kv, t % P, col]
+                            else:
+                                k_sh[r, col] = k[0, 0, kv, col]
+                                v_sh[r, col] = v[0, 0, kv, col]
+                        elif e < TILE * D:  # masked rows: zeros, not stale shared memory (0 * NaN)
+                            k_sh[r, col] = T.float32(0)
+                            v_sh[r, col] = T.float32(0)
+                    T.tvm_storage_sync("shared")
+                    for i in T.serial(SCORES):
+                        e: T.let = i * NT + tx
+                        if e < G * TILE:
+                            tmp[0] = T.float32(0)
+                            for dd in T.serial(D):
+                                tmp[0] = tmp[0] + q_sh[e // TILE, dd] * k_sh[e % TILE, dd]
+                            sc[e // TILE, e % TILE] = T.if_then_else(base + e % TILE < end, tmp[0], T.float32(NEG))
+                    T.tvm_storage_sync("shared")
+                    if tx < G:
+                        tmp[0] = run[0]
+                        for r in T.serial(TILE):
+                            tmp[0] = T.max(tmp[0], sc[tx, r])
+                        tmp[1] = T.float32(0)
+                        for r in T.serial(TILE):
+                            pr[tx, r] = T.exp(sc[tx, r] - tmp[0])
+                            tmp[1] = tmp[1] + T.exp(sc[tx, r] - tmp[0])
+                        resc[tx] = T.exp(run[0] - tmp[0])
+                        run[1] = run[1] * T.exp(run[0] - tmp[0]) + tmp[1]
+                        run[0] = tmp[0]
+                    T.tvm_storage_sync("shared")
+                    for i in T.serial(ACC):
+                        e: T.let = i * NT + tx
+                        if e < G * D:
+                            acc[i] = acc[i] * resc[e // D]
+                            for r in T.serial(TILE):
+                                acc[i] = acc[i] + pr[e // D, r] * v_sh[r, e % D]
+                    T.tvm_storage_sync("shared")
+                for i in T.serial(ACC):
+                    e: T.let = i * NT + tx
+                    if e < G * D:
+                        ws[kv, chunk, e // D, e % D] = acc[i]
+                if tx < G:
+                    ws[kv, chunk, tx, D] = run[0]
+                    ws[kv, chunk, tx, D + 1] = run[1]
+
+    return symbol, f.with_attr("global_symbol", symbol)
+
+
+def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    c = kind.config
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    G = H // HKV
+    symbol = f"jl_gpu_split_attention_merge_h{H}_kv{HKV}_d{D}_c{CHUNKS}"
+
+    @T.prim_func
+    def f(ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32"), past: T.Buffer((1,), "int32"),
+          out: T.Buffer((1, 1, H, D), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        for h in T.thread_binding(H, thread="blockIdx.x"):
+            for tx in T.thread_binding(D, thread="threadIdx.x"):
+                st = T.alloc_buffer((3,), "float32", scope="local")  # max, numerator, denominator
+                kv: T.let = h // G
+                g: T.let = h % G
+                total: T.let = past[0] + 1
+                per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
+                used: T.let = (total + per - 1) // per  # the chunks the partial kernel filled
+                st[0] = T.float32(NEG)
+                for ch in T.serial(used):
+                    st[0] = T.max(st[0], ws[kv, ch, g, D])
+                st[1] = T.float32(0)
+                st[2] = T.float32(0)
+                for ch in T.serial(used):
+                    w: T.let = T.exp(ws[kv, ch, g, D] - st[0])
+                    st[1] = st[1] + w * ws[kv, ch, g, tx]
+                    st[2] = st[2] + w * ws[kv, ch, g, D + 1]
+                out[0, 0, h, tx] = st[1] / st[2]
+
+    return symbol, f.with_attr("global_symbol", symbol)

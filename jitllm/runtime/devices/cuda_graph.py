@@ -1,0 +1,86 @@
+"""CUDA graphs through the driver API (libcuda, present wherever a CUDA driver is), for decode steps.
+
+TVM launches its kernels on the stream of the FFI environment (`TVMFFIEnvGetStream`), so capturing is:
+make our stream current for the device, begin a capture on it, run the step's VM functions as usual
+(the kernels are recorded, not run; the VM's pooled allocator may still allocate, which the relaxed
+capture mode allows), end the capture and instantiate the graph. A replay launches every recorded
+kernel with the buffer addresses of the capture: callers must keep those buffers alive and unchanged
+in place (jitllm.runtime.step_graphs does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+import tvm
+
+from jitllm.errors import DeviceFault
+
+CU_STREAM_NON_BLOCKING = 1
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+_driver: ctypes.CDLL | None = None
+
+
+def _cuda() -> ctypes.CDLL:
+    global _driver
+    if _driver is None:
+        _driver = ctypes.CDLL("libcuda.so.1")
+    return _driver
+
+
+def _check(rc: int, what: str, device: str) -> None:
+    if rc != 0:
+        text = ctypes.c_char_p()
+        _cuda().cuGetErrorString(rc, ctypes.byref(text))
+        raise DeviceFault(device, f"{what} failed: {(text.value or b'CUDA error %d' % rc).decode()}")
+
+
+class CudaGraph:
+    """An instantiated graph and the stream it replays on."""
+
+    def __init__(self, exec_handle: ctypes.c_void_p, stream: ctypes.c_void_p, device: str) -> None:
+        self._exec, self._stream, self._device = exec_handle, stream, device
+
+    def replay(self) -> None:
+        """Run the captured kernels and wait for them (the outputs are read right after)."""
+        _check(_cuda().cuGraphLaunch(self._exec, self._stream), "CUDA graph launch", self._device)
+        _check(_cuda().cuStreamSynchronize(self._stream), "CUDA graph run", self._device)
+
+    def __del__(self) -> None:
+        if self._exec and _driver is not None:
+            _driver.cuGraphExecDestroy(self._exec)
+            self._exec = None
+
+
+class CudaGraphRecorder:
+    """Captures steps of one CUDA device on a stream of its own."""
+
+    def __init__(self, device: tvm.runtime.Device, name: str) -> None:
+        self._device, self._name = device, name
+        self._stream = ctypes.c_void_p()
+        _check(_cuda().cuStreamCreate(ctypes.byref(self._stream), CU_STREAM_NON_BLOCKING), "cuStreamCreate", name)
+
+    def capture(self, body: Callable[[Callable], object]) -> tuple[CudaGraph, object]:
+        """Record `body(call)` (which launches its kernels through `call(fn, *args)`); its return value
+        holds the output tensors, written in place by every replay."""
+        import tvm_ffi
+
+        cuda = _cuda()
+        graph = ctypes.c_void_p()
+        with tvm_ffi.use_raw_stream(self._device, self._stream.value):
+            _check(cuda.cuStreamBeginCapture_v2(self._stream, CU_STREAM_CAPTURE_MODE_RELAXED),
+                   "cuStreamBeginCapture", self._name)
+            try:
+                outputs = body(lambda fn, *args: fn(*args))
+            finally:
+                rc = cuda.cuStreamEndCapture(self._stream, ctypes.byref(graph))
+        _check(rc, "cuStreamEndCapture", self._name)
+        exec_handle = ctypes.c_void_p()
+        try:
+            _check(cuda.cuGraphInstantiateWithFlags(ctypes.byref(exec_handle), graph, ctypes.c_ulonglong(0)),
+                   "cuGraphInstantiate", self._name)
+        finally:
+            cuda.cuGraphDestroy(graph)
+        return CudaGraph(exec_handle, self._stream, self._name), outputs

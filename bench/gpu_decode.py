@@ -2,20 +2,20 @@
 roofline and HF transformers (eager) measured in the same run. Run on the GPU machine:
 
     python3 bench/gpu_decode.py [-preset smollm2-135m -wtype q4_1] [-device cuda:0] [-reps 3]
+                                [-histories 1024,8192,32768] [-llamacpp bench/llamacpp/out.json]
 
-Prints pp512 and tg128 tokens/s (median and spread of the repetitions), bytes read per token, the copy
-bandwidth and roofline tokens/s, and the ratios. (llama.cpp's llama-bench is measured separately.)
+Prints pp512 and tg128 tokens/s (median and spread of the repetitions; the code path of `jitllm speed`),
+bytes read per token, the copy bandwidth and roofline tokens/s, decode speed at long histories, and
+the ratios, against llama.cpp's llama-bench JSON measured in the same lease when given.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def copy_bandwidth(device: str) -> float:
@@ -36,23 +36,17 @@ def copy_bandwidth(device: str) -> float:
     return 2 * 4 * n * reps / (time.perf_counter() - start)
 
 
-def measure(model, prompt_len: int, gen: int, reps: int) -> tuple[list[float], list[float]]:
-    ex = model.executor
-    pp, tg = [], []
-    rng = np.random.default_rng(0)
-    for _ in range(reps):
-        ids = [int(t) for t in rng.integers(4, 259, prompt_len)]
-        session = ex.new_session()
-        start = time.perf_counter()
-        logits = ex.forward(session, ids)
-        pp.append(prompt_len / (time.perf_counter() - start))
-        token = int(np.argmax(logits))
-        start = time.perf_counter()
-        for _ in range(gen):
-            token = int(np.argmax(ex.forward(session, [token])))
-        tg.append(gen / (time.perf_counter() - start))
-        ex.close_session(session)
-    return pp, tg
+def report_llamacpp(path: str, preset: str, wtype: str, pp: float, tg: float) -> None:
+    """Ratios against llama-bench's entries for the same shape and type (JSON written by bench/llamacpp)."""
+    import json
+
+    entries = json.loads(Path(path).read_text())
+    for e in entries:
+        if preset in str(e.get("model_filename", "")) and wtype.replace("_", "") in str(e.get("model_filename", "")).lower().replace("_", ""):
+            ours = tg if e.get("n_gen", 0) else pp
+            test = f"tg{e['n_gen']}" if e.get("n_gen", 0) else f"pp{e['n_prompt']}"
+            print(f"llama.cpp {preset} {wtype} {test}: {e['avg_ts']:.1f} ± {e['stddev_ts']:.1f} t/s; "
+                  f"jitllm / llama.cpp = {ours / e['avg_ts']:.2f}x")
 
 
 def hf_eager(cfg, device: str, gen: int) -> float | None:
@@ -86,26 +80,42 @@ def main() -> None:
     ap.add_argument("-tg", type=int, default=128)
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-hf", action="store_true", help="also time HF transformers eager (f16)")
+    ap.add_argument("-histories", default="", help="also decode at these history lengths, e.g. 1024,8192,32768")
+    ap.add_argument("-llamacpp", default=None, help="llama-bench JSON (bench/llamacpp) of the same lease")
     args = ap.parse_args()
 
     from jitllm.model import load
     from jitllm.random_model import write_random_model
+    from jitllm.speed import decode_speed, prefill_speed, table, weight_bytes
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.jlm"
         start = time.perf_counter()
         cfg = write_random_model(path, args.preset, args.wtype)
         print(f"wrote random {args.preset} {args.wtype} in {time.perf_counter() - start:.1f}s")
-        model = load(path, devices=args.device, ctx=args.pp + args.tg + 16, cache_dir=args.cache)
-        weight_bytes = sum(u.nbytes for u in model.executor.blocks) + model.executor.head.nbytes
-        pp, tg = measure(model, args.pp, args.tg, args.reps)
+        histories = [int(h) for h in args.histories.split(",") if h]
+        ctx = max([args.pp + args.tg + 16] + [h + args.tg + 16 for h in histories])
+        model = load(path, devices=args.device, ctx=ctx, cache_dir=args.cache)
+        wbytes = weight_bytes(model)
+        pp = prefill_speed(model, args.pp, args.reps)
+        tg = decode_speed(model, args.tg, args.reps)
+        long = [decode_speed(model, 32, args.reps, history=h) for h in histories]
+        name = f"{args.preset} {args.wtype}"
+        print(table(name, model, [pp, tg, *long]))
     bw = copy_bandwidth(args.device)
-    roofline = bw / weight_bytes
-    med_tg = statistics.median(tg)
-    print(f"jitllm {args.preset} {args.wtype} on {args.device}: pp{args.pp} {statistics.median(pp):.1f} t/s "
-          f"(spread {min(pp):.1f}-{max(pp):.1f}), tg{args.tg} {med_tg:.1f} t/s (spread {min(tg):.1f}-{max(tg):.1f})")
-    print(f"bytes read per token {weight_bytes / 2**20:.1f} MiB, copy bandwidth {bw / 1e9:.0f} GB/s, "
+    roofline = bw / wbytes
+    med_tg = tg.median
+    print(f"jitllm {name} on {args.device}: pp{args.pp} median {pp.median:.1f} t/s (spread {min(pp.rates):.1f}-"
+          f"{max(pp.rates):.1f}), tg{args.tg} median {med_tg:.1f} t/s (spread {min(tg.rates):.1f}-{max(tg.rates):.1f})")
+    print(f"bytes read per token {wbytes / 2**20:.1f} MiB, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"roofline {roofline:.0f} t/s, decode at {100 * med_tg / roofline:.1f}% of roofline")
+    cfg = model.executor.layout.config
+    for h, r in zip(histories, long):
+        kv = 2 * cfg.num_blocks * cfg.kv_heads * cfg.head_dim * 4 * h
+        print(f"decode at history {h}: median {r.median:.1f} t/s ({1e3 / r.median:.2f} ms/token); roofline with "
+              f"{kv / 2**20:.0f} MiB of f32 KV {bw / (wbytes + kv):.0f} t/s ({100 * r.median * (wbytes + kv) / bw:.1f}%)")
+    if args.llamacpp:
+        report_llamacpp(args.llamacpp, args.preset, args.wtype, pp.median, med_tg)
     if args.hf:
         hf = hf_eager(cfg, args.device, args.tg)
         if hf is not None:

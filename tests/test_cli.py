@@ -31,7 +31,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
 def test_help_lists_the_verbs(cache_dir):
     out = jitllm("--help", cache=cache_dir)
     assert out.returncode == 0
-    for verb in ("run", "convert", "compile", "hardware"):
+    for verb in ("run", "convert", "compile", "verify", "speed", "hardware"):
         assert verb in out.stdout
 
 
@@ -111,3 +111,17 @@ def test_bad_cache_policy(tiny_model, cache_dir):
     env_out = subprocess.run([sys.executable, "-m", "jitllm", "compile", str(tiny_model)], capture_output=True,
                              text=True, env=dict(os.environ, JITLLM_CACHE="sometimes", JITLLM_CACHE_DIR=str(cache_dir)))
     assert_one_line_error(env_out, "JITLLM_CACHE")
+
+
+def test_speed_prints_a_llama_bench_table(tiny_model, cache_dir):
+    out = jitllm("speed", "-devices", "cpu", "-p", "16", "-n", "4", "-r", "2", str(tiny_model), cache=cache_dir)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny")]
+    assert [row.split("|")[4].strip() for row in rows] == ["pp16", "tg4"]
+    for row in rows:
+        mean, sd = row.split("|")[5].split("±")
+        assert float(mean) > 0 and float(sd) >= 0
+
+
+def test_speed_refuses_an_unknown_shape(cache_dir):
+    assert_one_line_error(jitllm("speed", "-devices", "cpu", "-preset", "llama-9000", cache=cache_dir), "llama-9000")

@@ -102,6 +102,11 @@ def main() -> None:
         long = [decode_speed(model, 32, args.reps, history=h) for h in histories]
         name = f"{args.preset} {args.wtype}"
         print(table(name, model, [pp, tg, *long]))
+        model.executor.graphs = False
+        eager = decode_speed(model, args.tg, args.reps)
+        model.executor.graphs = True
+        print(f"decode without graphs (one VM call per block): tg{args.tg} median {eager.median:.1f} t/s; "
+              f"graphs {tg.median / eager.median:.2f}x")
     bw = copy_bandwidth(args.device)
     roofline = bw / wbytes
     med_tg = tg.median

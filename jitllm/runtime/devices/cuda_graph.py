@@ -59,8 +59,14 @@ class CudaGraphRecorder:
 
     def __init__(self, device: tvm.runtime.Device, name: str) -> None:
         self._device, self._name = device, name
-        self._stream = ctypes.c_void_p()
-        _check(_cuda().cuStreamCreate(ctypes.byref(self._stream), CU_STREAM_NON_BLOCKING), "cuStreamCreate", name)
+        self._stream: ctypes.c_void_p | None = None  # made at the first capture, once TVM has a context current
+
+    def _ready_stream(self) -> ctypes.c_void_p:
+        if self._stream is None:
+            stream = ctypes.c_void_p()
+            _check(_cuda().cuStreamCreate(ctypes.byref(stream), CU_STREAM_NON_BLOCKING), "cuStreamCreate", self._name)
+            self._stream = stream
+        return self._stream
 
     def capture(self, body: Callable[[Callable], object]) -> tuple[CudaGraph, object]:
         """Record `body(call)` (which launches its kernels through `call(fn, *args)`); its return value
@@ -68,6 +74,7 @@ class CudaGraphRecorder:
         import tvm_ffi
 
         cuda = _cuda()
+        self._ready_stream()
         graph = ctypes.c_void_p()
         with tvm_ffi.use_raw_stream(self._device, self._stream.value):
             _check(cuda.cuStreamBeginCapture_v2(self._stream, CU_STREAM_CAPTURE_MODE_RELAXED),

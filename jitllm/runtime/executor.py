@@ -25,6 +25,7 @@ from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
+from jitllm.runtime.recurrent import RecurrentState, release_states
 
 
 @dataclass
@@ -46,12 +47,14 @@ class Unit:
 
 @dataclass
 class Session:
-    """One conversation: its length and, per block, the pages holding its KV."""
+    """One conversation: its length and, per block, the pages holding its KV (or its recurrent state)."""
 
     id: int
     length: int = 0
     tables: dict[int, PageTable] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
+    states: dict[int, RecurrentState] = field(default_factory=dict)
+    """Recurrent (GLA) blocks' state by block index, on each block's device."""
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -151,6 +154,7 @@ class Executor:
         for table in session.tables.values():
             table.release()
         session.tables.clear()
+        release_states(session)
         session.length = 0
         session.tokens = []
 
@@ -166,6 +170,9 @@ class Executor:
         per_device: dict[str, tuple] = {}
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
         for unit in self.blocks:
+            if unit.kind.kind == "gla":
+                x = self._recurrent_step(session, unit, x, n)
+                continue
             table = self._pages_for(session, unit, past + n)
             dev = unit.device
             if dev.name not in per_device:
@@ -198,6 +205,30 @@ class Executor:
             if head.device.name == HOST_NAME:
                 raise
             raise DeviceFault(head.device.name, str(e).strip().splitlines()[-1]) from e
+
+    # -- recurrent blocks ------------------------------------------------------------------------
+    def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor | np.ndarray,
+                        n: int) -> tvm.runtime.Tensor:
+        """Run a GLA block over `n` new tokens; its kernel folds them into the session's state in place."""
+        state = session.states.get(unit.index)
+        if state is None:
+            state = session.states[unit.index] = RecurrentState.zeros(
+                unit.kind, unit.device, f"recurrent state of block {unit.index}")
+        if state.positions != session.length:
+            raise JitllmError(f"session {session.id}: block {unit.index}'s recurrent state does not match its "
+                              f"{session.length} positions (an earlier step failed); reset the session")
+        dev = unit.device
+        _check_fault(dev)
+        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+        state.positions = -1  # until the step has finished
+        try:
+            y, _ = unit.program_for(n).main(h, state.tensor, *unit.weights)
+        except Exception as e:  # as in forward
+            if dev.name == HOST_NAME:
+                raise
+            raise DeviceFault(dev.name, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from e
+        state.positions = session.length + n
+        return y
 
 
 def _check_fault(device: Device) -> None:

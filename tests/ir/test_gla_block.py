@@ -68,3 +68,27 @@ def test_prefill_then_decode_equals_one_pass(cache_dir):
     assert np.abs(np.concatenate(ys, axis=1) - y_whole).max() < 1e-5
     assert np.abs(stepped.numpy() - whole.numpy()).max() < 1e-5
     assert np.abs(whole.numpy()).max() > 0.1  # the state really accumulated something
+
+
+def test_a_target_without_the_recurrence_kernel_refuses_clearly():
+    from jitllm.errors import JitllmError
+    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.lowering.onnx_import import to_relax
+
+    kind = gla_block_kind(CFG, {n: "f16" for n in GLA_LINEARS})
+    with pytest.raises(JitllmError, match="target cuda has no kernel for gla blocks"):
+        to_relax(kind, build_block_graph(kind), CudaTarget())
+
+
+def test_unknown_or_miscounted_block_types_are_one_line_errors(tmp_path):
+    from dataclasses import replace
+
+    from jitllm.errors import JitllmError
+    from jitllm.random_model import PRESETS, write_random_model
+
+    hybrid = PRESETS["tiny-hybrid"]
+    with pytest.raises(JitllmError, match="block 1 has unknown type 'mamba' \\(known: llama, gla\\)"):
+        write_random_model(tmp_path / "m.jlm", replace(hybrid, block_types=("llama", "mamba", "llama", "gla")))
+    with pytest.raises(JitllmError, match="config lists 2 block types for 4 blocks"):
+        write_random_model(tmp_path / "m.jlm", replace(hybrid, block_types=("llama", "gla")))
+    assert not (tmp_path / "m.jlm").exists()

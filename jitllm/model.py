@@ -62,6 +62,7 @@ class Model:
     def relocate_from(self, device: Device, error: Exception) -> None:
         """-relocate: the device cannot grow the context; hand its last unpinned block to the host."""
         candidates = [u for u in self.executor.blocks if u.device is device and not self.plan.blocks[u.index].pinned]
+        candidates = [u for u in candidates if u.kind.kind == "llama"] or candidates  # GLA blocks hold no pages
         if not candidates:
             raise JitllmError(f"{device.name}: the context cannot grow ({error}) and every block there is pinned")
         report = move_unit(self.executor, candidates[-1].index, self.devices[HOST])

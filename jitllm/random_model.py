@@ -12,12 +12,14 @@ import numpy as np
 
 from jitllm.errors import JitllmError
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
+from jitllm.ir.blocks import block_kind, block_linear_specs, check_block_types
 from jitllm.jlm import write_jlm
 from jitllm.quant import parts_from_float
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("llama", 2, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True),
+    "tiny-hybrid": ModelConfig("llama", 4, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True,
+                               block_types=("llama", "gla", "llama", "gla")),
     "smollm2-135m": ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, 1e-5, tied_head=True),
     "llama-3.2-1b": ModelConfig("llama", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
     "llama-3.2-3b": ModelConfig("llama", 28, 3072, 24, 8, 128, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
@@ -60,8 +62,9 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
         raise JitllmError(f"unknown model shape {preset!r} (known: {', '.join(PRESETS)})")
     if cfg.vocab < len(SPECIALS) + 256:
         raise JitllmError(f"vocab {cfg.vocab} is too small for the byte tokenizer (needs {len(SPECIALS) + 256})")
+    check_block_types(cfg)
     rng = np.random.default_rng(seed)
-    shapes = block_linear_shapes(cfg)
+    shapes = [block_linear_specs(cfg, i) for i in range(cfg.num_blocks)]
 
     def matrix(n: int, k: int) -> np.ndarray:
         return (rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
@@ -77,14 +80,14 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
         yield "globals", embd + [("output_norm", norm())]
         for i in range(cfg.num_blocks):
             items = [(f"blk.{i}.attn_norm", norm()), (f"blk.{i}.ffn_norm", norm())]
-            for name in BLOCK_LINEARS:
-                items += linear(f"blk.{i}.{name}", *shapes[name])
+            for name, shape in shapes[i].items():
+                items += linear(f"blk.{i}.{name}", *shape)
             yield f"block.{i}", items
 
     meta = {
         "format": "jitllm-model",
         "config": cfg.to_json(),
-        "weights": {"token_embd": wtype, "output": wtype, "blocks": [{n: wtype for n in BLOCK_LINEARS}] * cfg.num_blocks},
+        "weights": {"token_embd": wtype, "output": wtype, "blocks": [{n: wtype for n in s} for s in shapes]},
         "tokenizer": byte_tokenizer_json(cfg.vocab),
         "chat_template": CHATML,
         "bos_token_id": None,
@@ -99,11 +102,12 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
 
 def preset_layout(preset: str, wtype: str, page_size: int = 16):
     """The block kinds a random model of `preset` uses, without writing it (to compile ahead of time)."""
-    from jitllm.ir.llama import head_kind, llama_block_kind
+    from jitllm.ir.llama import head_kind
     from jitllm.runtime.model_layout import ModelLayout
 
     cfg = PRESETS.get(preset)
     if cfg is None:
         raise JitllmError(f"unknown model shape {preset!r} (known: {', '.join(PRESETS)})")
-    block = llama_block_kind(cfg, {n: wtype for n in BLOCK_LINEARS}, page_size)
-    return ModelLayout(cfg, (block,) * cfg.num_blocks, head_kind(cfg, wtype), wtype)
+    kinds = tuple(block_kind(cfg, i, {n: wtype for n in block_linear_specs(cfg, i)}, page_size)
+                  for i in range(cfg.num_blocks))
+    return ModelLayout(cfg, kinds, head_kind(cfg, wtype), wtype)

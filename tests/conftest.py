@@ -24,3 +24,13 @@ def tiny_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny.jlm"
     write_random_model(path, "tiny", "q4_1", seed=1)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_model(tmp_path_factory) -> Path:
+    """4 blocks: llama, gla, llama, gla (random weights)."""
+    from jitllm.random_model import write_random_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-hybrid.jlm"
+    write_random_model(path, "tiny-hybrid", "q4_1", seed=1)
+    return path

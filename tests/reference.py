@@ -102,3 +102,25 @@ def paged_inputs(kind: BlockKind, rng, batch: int, seq: int, pasts: list[int], e
     cos, sin = rope_tables(positions, c.head_dim, c.rope_theta)
     x = rng.standard_normal((batch, seq, c.hidden)).astype(np.float32)
     return dict(x=x, cos=cos, sin=sin, pages=pool, page_table=table, past=past)
+
+
+def gla_block_forward(kind: BlockKind, weights, x, state):
+    """Numpy forward of a gated linear-attention block, token by token; returns (y, state_out)."""
+    c = kind.config
+    b, s, _ = x.shape
+    lin = lambda name, h: h @ linear_weight(kind, weights, name).T  # noqa: E731
+    heads = lambda t: t.reshape(b, s, c.heads, c.head_dim)  # noqa: E731
+    h = rms_norm(x, weights["attn_norm"], c.rms_eps)
+    q = heads(lin("attn_q", h)) / np.sqrt(c.head_dim)
+    k, v = heads(lin("attn_k", h)), heads(lin("attn_v", h))
+    a = 1 / (1 + np.exp(-heads(lin("attn_gate", h))))
+    st = state.astype(np.float64).copy()
+    mixed = np.zeros((b, s, c.heads, c.head_dim))
+    for t in range(s):
+        st = a[:, t, :, :, None] * st + k[:, t, :, :, None] * v[:, t, :, None, :]
+        mixed[:, t] = np.einsum("bhi,bhij->bhj", q[:, t], st)
+    x2 = x + lin("attn_output", mixed.reshape(b, s, -1))
+    h2 = rms_norm(x2, weights["ffn_norm"], c.rms_eps)
+    g = lin("ffn_gate", h2)
+    y = x2 + lin("ffn_down", g / (1 + np.exp(-g)) * lin("ffn_up", h2))
+    return y.astype(np.float32), st.astype(np.float32)

@@ -55,4 +55,8 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
 def _span(users: list[str]) -> str:
     if users == ["head"]:
         return "head"
-    return f"blocks {users[0]}-{users[-1]}" if len(users) > 1 else f"block {users[0]}"
+    if len(users) == 1:
+        return f"block {users[0]}"
+    if [int(u) for u in users] == list(range(int(users[0]), int(users[-1]) + 1)):
+        return f"blocks {users[0]}-{users[-1]}"
+    return f"blocks {','.join(users)}"  # a hybrid model's kinds interleave

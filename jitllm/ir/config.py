@@ -29,13 +29,26 @@ class ModelConfig:
     rope_theta: float
     rms_eps: float
     tied_head: bool = False
+    block_types: tuple[str, ...] = ()
+    """Kind of each block ("llama" or "gla"); empty means every block is "llama" (all files before hybrids)."""
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.block_types:
+            del data["block_types"]  # pure llama headers stay as they were
+        else:
+            data["block_types"] = list(self.block_types)
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelConfig":
+        data = dict(data)
+        if "block_types" in data:
+            data["block_types"] = tuple(data["block_types"])
         return cls(**data)
+
+    def block_type(self, index: int) -> str:
+        return self.block_types[index] if self.block_types else "llama"
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,7 @@ class LinearSpec:
 class BlockKind:
     """Everything that decides a block's compiled artifact: shapes and weight types, never weight values."""
 
-    kind: str  # "llama" (decoder block) or "head" (final norm + output projection)
+    kind: str  # "llama" (decoder block), "gla" (gated linear-attention block) or "head" (norm + projection)
     config: ModelConfig
     linears: tuple[LinearSpec, ...] = field(default_factory=tuple)
     page_size: int = 16

@@ -35,12 +35,13 @@ def weight_inputs(kind: BlockKind) -> list[tuple[str, tuple[int, ...], str]]:
     """(graph input name, shape, dtype) of every weight of a block kind, in call order."""
     c = kind.config
     out: list[tuple[str, tuple[int, ...], str]] = []
-    if kind.kind == "llama":
+    if kind.kind in ("llama", "gla"):
+        mixer = sum(spec.name.startswith("attn_") for spec in kind.linears)  # token-mixer linears come first
         out.append(("attn_norm", (c.hidden,), "float32"))
-        for spec in kind.linears[:4]:
+        for spec in kind.linears[:mixer]:
             out += _linear_inputs(spec)
         out.append(("ffn_norm", (c.hidden,), "float32"))
-        for spec in kind.linears[4:]:
+        for spec in kind.linears[mixer:]:
             out += _linear_inputs(spec)
     else:
         out.append(("output_norm", (c.hidden,), "float32"))
@@ -60,6 +61,8 @@ def activation_inputs(kind: BlockKind) -> list[tuple[str, tuple, str]]:
     x = ("x", (batch, seq, c.hidden), "float32")
     if kind.kind == "head":
         return [x]
+    if kind.kind == "gla":
+        return [x, ("state", (batch, c.heads, c.head_dim, c.head_dim), "float32")]
     half = c.head_dim // 2
     return [
         x,
@@ -91,6 +94,15 @@ def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str
     return g.op("Reshape", g.op("Concat", out0, out1, axis=-1), g.const([0, 0, heads, head_dim]))
 
 
+def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spec: LinearSpec,
+         down_spec: LinearSpec) -> str:
+    """x2 + SwiGLU(RMSNorm(x2)): the feed-forward half every decoder block kind shares."""
+    h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
+    gate = _linear(g, h2, gate_spec)
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h2, up_spec))
+    return g.op("Add", x2, _linear(g, act, down_spec))
+
+
 def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     """The ONNX model of one block kind."""
     c = kind.config
@@ -108,10 +120,7 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
         attn = g.op("Reshape", attn, g.const([0, 0, c.heads * c.head_dim]))
         x2 = g.op("Add", "x", _linear(g, attn, o_spec))
-        h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
-        gate = _linear(g, h2, gate_spec)
-        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h2, up_spec))
-        g.rename(g.op("Add", x2, _linear(g, act, down_spec)), "y")
+        g.rename(_ffn(g, x2, c, gate_spec, up_spec, down_spec), "y")
         g.rename(k, "k_new")
         g.rename(v, "v_new")
         outputs = [
@@ -120,6 +129,10 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
             tensor_info("v_new", "float32", (*lead, c.kv_heads, c.head_dim)),
         ]
         functions = [paged_attention_function()]
+    elif kind.kind == "gla":
+        from jitllm.ir.gla import gla_body  # gla.py builds on this module's helpers
+
+        outputs, functions = gla_body(g, kind, lead)
     else:
         (head_spec,) = kind.linears
         g.rename(_linear(g, _rms_norm(g, "x", "output_norm", c.rms_eps), head_spec), "logits")

@@ -1,4 +1,4 @@
-"""jitllm's two custom ONNX operators, each defined as a model-local ONNX function.
+"""jitllm's custom ONNX operators, each defined as a model-local ONNX function.
 
 The function bodies are the *reference semantics*, written in standard ONNX ops so ONNX Runtime can run
 the very graph we compile. The TVM lowering never uses the bodies: it replaces each call by a
@@ -10,6 +10,10 @@ KV pool directly.
   causal attention of the S new tokens over the `past` positions held in the pages listed by the page
   table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
   kernel run after the block.
+- `GatedRecurrence(q[B,S,H,D], k, v, a, state[B,H,D,D]) -> (out[B,S,H,D], state_out)`: per head a
+  D x D state folded over the S tokens in order, S_t = diag(a_t) S_{t-1} + k_t^T v_t, out_t = q_t S_t
+  (gated linear attention; `a` in (0, 1) is the per-key-dimension decay). The TVM lowering updates
+  `state` in place and returns it as `state_out`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from onnx import helper
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 
 PAGED_ATTENTION = "PagedAttention"
+GATED_RECURRENCE = "GatedRecurrence"
 
 
 def linear_op(wtype: str) -> str:
@@ -105,3 +110,26 @@ def paged_attention_function() -> onnx.FunctionProto:
     out = g.op("Reshape", out, g.op("Concat", g.const([0, -1]), s_len, d_dim, axis=0))  # [B, H, S, D]
     g.rename(g.op("Transpose", out, perm=[0, 2, 1, 3]), "out")
     return _function(PAGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past"], ["out"], g)
+
+
+def gated_recurrence_function() -> onnx.FunctionProto:
+    """The recurrence as an ONNX Scan over the sequence axis: one step's body per token."""
+    f32 = onnx.TensorProto.FLOAT
+    body = GraphBuilder("rec_")
+    last, second = body.const([-1]), body.const([-2])
+    decayed = body.op("Mul", body.op("Unsqueeze", "a_t", last), "s_in")  # [B, H, D, D] rows scaled by a
+    s_new = body.op("Add", decayed, body.op("Mul", body.op("Unsqueeze", "k_t", last), body.op("Unsqueeze", "v_t", second)))
+    o_t = body.op("Squeeze", body.op("MatMul", body.op("Unsqueeze", "q_t", second), s_new), second)
+    body.rename(s_new, "s_out")
+    body.rename(o_t, "o_t")
+    step = helper.make_graph(
+        body.nodes, "gated_recurrence_step",
+        [helper.make_tensor_value_info(n, f32, None) for n in ("s_in", "q_t", "k_t", "v_t", "a_t")],
+        [helper.make_tensor_value_info(n, f32, None) for n in ("s_out", "o_t")],
+    )
+    g = GraphBuilder("gr_")
+    state, out = g.op("Scan", "state", "q", "k", "v", "a", outputs=2, body=step, num_scan_inputs=4,
+                      scan_input_axes=[1, 1, 1, 1], scan_output_axes=[1])
+    g.rename(out, "out")
+    g.rename(state, "state_out")
+    return _function(GATED_RECURRENCE, ["q", "k", "v", "a", "state"], ["out", "state_out"], g)

@@ -165,7 +165,7 @@ class LlvmTarget:
     """
 
     name = "llvm"
-    sources = ("llvm.py", "kernels_linear.py", "kernels_attention.py")
+    sources = ("llvm.py", "kernels_linear.py", "kernels_attention.py", "kernels_recurrent.py")
     decode_variants = True
     """Decode steps run a batch-1, seq-1 variant of each kind (BlockKind.decode): static shapes cut the
     Relax VM's work per block from ~235 to ~150 instructions (~18 us of ~100 us on the 2-vCPU VM)."""
@@ -196,6 +196,11 @@ class LlvmTarget:
         from jitllm.lowering.kernels_attention import append_kernel
 
         return append_kernel(kind)
+
+    def recurrence_kernel(self, kind):
+        from jitllm.lowering.kernels_recurrent import recurrence_kernel
+
+        return recurrence_kernel(kind)
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target(host_target_dict())

@@ -19,7 +19,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
-from jitllm.ir.ops import PAGED_ATTENTION, linear_op
+from jitllm.errors import JitllmError
+from jitllm.ir.ops import GATED_RECURRENCE, PAGED_ATTENTION, linear_op
 from jitllm.lowering import APPEND_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
@@ -86,10 +87,28 @@ def _attention_converter(kind: BlockKind, target):
     return PagedAttention
 
 
+def _recurrence_converter(kind: BlockKind, target):
+    class GatedRecurrence:
+        @classmethod
+        def get_converter(cls, opset):
+            return cls._impl
+
+        @classmethod
+        def _impl(cls, bb, inputs, attr, params):
+            q, k, v, a, state = [bb.normalize(i) for i in inputs]
+            symbol, func = target.recurrence_kernel(kind)
+            gv = _add_kernel(bb, symbol, func)
+            # out is fresh, state_out is the state input updated in place (no copy, no allocation)
+            return bb.emit(relax.call_tir_inplace(gv, [q, k, v, a, state], [-1, 4], [q.ty, state.ty]))
+
+    return GatedRecurrence
+
+
 @contextlib.contextmanager
 def _custom_ops(kind: BlockKind, target):
     extra = {linear_op(w): _linear_converter(w, target) for w in WEIGHT_TYPES}
     extra[PAGED_ATTENTION] = _attention_converter(kind, target)
+    extra[GATED_RECURRENCE] = _recurrence_converter(kind, target)
     with _PATCH_LOCK:
         original = onnx_frontend._get_convert_map
         onnx_frontend._get_convert_map = lambda: {**original(), **extra}
@@ -101,6 +120,8 @@ def _custom_ops(kind: BlockKind, target):
 
 def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     """Import the block graph; `main` takes (activations..., weights...) in graph-input order."""
+    if kind.kind == "gla" and not hasattr(target, "recurrence_kernel"):
+        raise JitllmError(f"target {target.name} has no kernel for gla blocks yet (hybrid models run on llvm)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]

@@ -25,6 +25,7 @@ from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
+from jitllm.runtime.recurrent import RecurrentState, release_states
 from jitllm.runtime.step_graphs import GraphRecord, Segment, capture_segment, segment_signature, segments
 
 
@@ -47,12 +48,14 @@ class Unit:
 
 @dataclass
 class Session:
-    """One conversation: its length and, per block, the pages holding its KV."""
+    """One conversation: its length and, per block, the pages holding its KV (or its recurrent state)."""
 
     id: int
     length: int = 0
     tables: dict[int, PageTable] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
+    states: dict[int, RecurrentState] = field(default_factory=dict)
+    """Recurrent (GLA) blocks' state by block index, on each block's device."""
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -156,6 +159,7 @@ class Executor:
         for table in session.tables.values():
             table.release()
         session.tables.clear()
+        release_states(session)
         session.length = 0
         session.tokens = []
 
@@ -169,12 +173,13 @@ class Executor:
         if past + n > self.ctx:
             raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
         for unit in self.blocks:  # room first: relocation may move blocks, and must do so before the step
-            self._pages_for(session, unit, past + n)
+            if unit.kind.kind == "llama":
+                self._pages_for(session, unit, past + n)
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
         for segment in segments(self.blocks, self.head):
             _check_fault(segment.device)
             try:
-                if n == 1 and self.graphs and segment.device.graphs is not None:
+                if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:
                     x = self._replay_segment(session, segment, x, past)
                 else:
                     x = self._run_segment(session, segment, x, past, n)
@@ -191,13 +196,16 @@ class Executor:
     def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
-        if segment.blocks:
+        if any(unit.kind.kind == "llama" for unit in segment.blocks):
             cos = dev.upload(self._cos[past:past + n][None])
             sin = dev.upload(self._sin[past:past + n][None])
             past_t = dev.upload(np.array([past], np.int32))
             pages = self.pools[dev.name].pages
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         for unit in segment.blocks:
+            if unit.kind.kind == "gla":
+                h = self._recurrent_step(session, unit, h, n)
+                continue
             table = session.tables[unit.index].tensor()
             program = unit.program_for(n)
             h, k, v = program.main(h, cos, sin, pages, table, past_t, *unit.weights)
@@ -229,6 +237,30 @@ class Executor:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""
         for key in [k for k in self._graphs if session is None or k[0] == session.id]:
             del self._graphs[key]
+
+    # -- recurrent blocks ------------------------------------------------------------------------
+    def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor | np.ndarray,
+                        n: int) -> tvm.runtime.Tensor:
+        """Run a GLA block over `n` new tokens; its kernel folds them into the session's state in place."""
+        state = session.states.get(unit.index)
+        if state is None:
+            state = session.states[unit.index] = RecurrentState.zeros(
+                unit.kind, unit.device, f"recurrent state of block {unit.index}")
+        if state.positions != session.length:
+            raise JitllmError(f"session {session.id}: block {unit.index}'s recurrent state does not match its "
+                              f"{session.length} positions (an earlier step failed); reset the session")
+        dev = unit.device
+        _check_fault(dev)
+        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+        state.positions = -1  # until the step has finished
+        try:
+            y, _ = unit.program_for(n).main(h, state.tensor, *unit.weights)
+        except Exception as e:  # as in forward
+            if dev.name == HOST_NAME:
+                raise
+            raise DeviceFault(dev.name, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from e
+        state.positions = session.length + n
+        return y
 
 
 def _last_line(e: Exception) -> str:

@@ -1,8 +1,9 @@
-"""Moving a block (or the head) to another device between two steps, KV pages and all.
+"""Moving a block (or the head) to another device between two steps, KV pages (or recurrent state) and all.
 
 A move is a transaction: the destination's program is loaded (or compiled), its budget charged, the
 weights copied (from the .jlm page when leaving the host, device to device otherwise) and every live
-session's pages exported, transferred once and imported into the destination pool. Only then is the
+session's pages exported, transferred once and imported into the destination pool (a GLA block's
+per-session state is copied into new tensors on the destination instead). Only then is the
 unit switched over and the source's memory freed; any failure before that undoes what was done, so
 the block keeps running where it was with its KV intact. Nothing is recomputed.
 """
@@ -16,6 +17,7 @@ import numpy as np
 
 from jitllm.runtime.devices.base import Device, to_device
 from jitllm.runtime.kv_pages import PageTable
+from jitllm.runtime.recurrent import RecurrentState, commit_states, copy_states
 
 
 @dataclass(frozen=True)
@@ -26,11 +28,14 @@ class MoveReport:
     weight_bytes: int
     kv_bytes: int
     seconds: float
+    state_bytes: int = 0
+    """Recurrent state copied (GLA blocks: every live session's)."""
 
     def describe(self) -> str:
         what = "head" if self.unit == "head" else f"block {self.unit}"
+        state = f"state {self.state_bytes / 2**10:.1f} KiB, " if self.state_bytes else ""
         return (f"moved {what} {self.source} -> {self.dest}: weights {self.weight_bytes / 2**20:.2f} MiB, "
-                f"KV {self.kv_bytes / 2**20:.2f} MiB, {self.seconds * 1e3:.2f} ms")
+                f"KV {self.kv_bytes / 2**20:.2f} MiB, {state}{self.seconds * 1e3:.2f} ms")
 
 
 def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
@@ -42,7 +47,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     program, decode_program = executor.programs(unit.kind, dest)
     dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
     new_tables: dict[int, PageTable] = {}
-    kv_bytes = 0
+    new_states: dict[int, RecurrentState] = {}
+    kv_bytes = state_bytes = 0
     try:
         if source.name == "host":
             weights = executor.upload_weights(index, dest)
@@ -58,10 +64,14 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                 new.ensure(len(old.ids) * pool.page_size)
                 new_tables[session.id] = new
                 kv_bytes += _copy_pages(unit.program, program, old, new, source, dest)
+        if unit.kind.kind == "gla":
+            state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         dest.synchronize()
     except BaseException:
         for table in new_tables.values():
             table.release()
+        for state in new_states.values():
+            state.release()
         dest.release(unit.nbytes)
         raise
     for session_id, table in new_tables.items():
@@ -73,10 +83,12 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
             if index in session.tables and session.id not in new_tables:
                 session.tables[index].release()
                 session.tables[index] = PageTable(executor.pool(dest))
+    commit_states(executor.sessions, index, new_states)
     source.release(unit.nbytes)
     unit.device, unit.weights, unit.program, unit.decode_program = dest, weights, program, decode_program
     executor.drop_graphs()  # captured steps hold the source's weights and pages
-    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start)
+    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start,
+                      state_bytes)
 
 
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:

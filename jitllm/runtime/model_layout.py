@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from jitllm.errors import JitllmError
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BlockKind, head_kind, llama_block_kind, weight_inputs
+from jitllm.ir.blocks import block_kind
+from jitllm.ir.llama import BlockKind, head_kind, weight_inputs
 from jitllm.jlm import JlmFile
 
 HEAD = "head"
@@ -25,11 +26,13 @@ class ModelLayout:
         try:
             cfg = ModelConfig.from_json(header["config"])
             weights = header["weights"]
-            kinds = tuple(llama_block_kind(cfg, w, page_size) for w in weights["blocks"])
+            kinds = tuple(block_kind(cfg, i, w, page_size) for i, w in enumerate(weights["blocks"]))
             head = head_kind(cfg, weights["output"])
             embedding = weights["token_embd"]
         except (KeyError, TypeError) as e:
             raise JitllmError(f"{model.path}: corrupt .jlm header (missing {e})") from None
+        except JitllmError as e:
+            raise JitllmError(f"{model.path}: {e}") from None
         if len(kinds) != cfg.num_blocks:
             raise JitllmError(f"{model.path}: header lists {len(kinds)} blocks, config says {cfg.num_blocks}")
         return cls(cfg, kinds, head, embedding)

@@ -40,6 +40,11 @@ class Segment:
     blocks: list = field(default_factory=list)
     head: object | None = None
 
+    @property
+    def capturable(self) -> bool:
+        """Llama blocks and the head only (recurrent blocks keep their state's bookkeeping per step)."""
+        return all(unit.kind.kind == "llama" for unit in self.blocks)
+
 
 def segments(blocks: list, head) -> list[Segment]:
     out: list[Segment] = []

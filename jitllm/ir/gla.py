@@ -1,0 +1,65 @@
+"""The gated linear-attention (GLA) block kind: a recurrent token mixer in place of attention.
+
+x -> RMSNorm -> q, k, v, gate projections -> per head a D x D state S (the GatedRecurrence op)
+S_t = diag(sigmoid(gate_t)) S_{t-1} + k_t^T v_t,  o_t = (q_t / sqrt(D)) S_t -> output projection,
+residual, then the llama block's SwiGLU feed-forward. The state is the block's only memory of the
+past: [batch, heads, D, D] float32, a fixed size whatever the history length (no KV pages).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
+from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
+from jitllm.ir.llama import _ffn, _linear, _rms_norm
+from jitllm.ir.ops import GATED_RECURRENCE, gated_recurrence_function
+
+GLA_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def gla_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[out, in] of each linear of a GLA block (every head has its own q, k, v and gate rows)."""
+    inner = cfg.heads * cfg.head_dim
+    return {
+        "attn_q": (inner, cfg.hidden),
+        "attn_k": (inner, cfg.hidden),
+        "attn_v": (inner, cfg.hidden),
+        "attn_gate": (inner, cfg.hidden),
+        "attn_output": (cfg.hidden, inner),
+        "ffn_gate": (cfg.ffn, cfg.hidden),
+        "ffn_up": (cfg.ffn, cfg.hidden),
+        "ffn_down": (cfg.hidden, cfg.ffn),
+    }
+
+
+def gla_block_kind(cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
+    shapes = gla_linear_shapes(cfg)
+    linears = tuple(LinearSpec(n, *shapes[n], wtypes[n]) for n in GLA_LINEARS)
+    return BlockKind("gla", cfg, linears, page_size)
+
+
+def state_shape(cfg: ModelConfig, batch: int = 1) -> tuple[int, int, int, int]:
+    return (batch, cfg.heads, cfg.head_dim, cfg.head_dim)
+
+
+def gla_body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> tuple[list[onnx.ValueInfoProto], list[onnx.FunctionProto]]:
+    """Nodes of the GLA block into `g` (inputs x, state and the weights); its outputs y and state_out."""
+    c = kind.config
+    q_spec, k_spec, v_spec, gate_spec, o_spec, ffn_gate, ffn_up, ffn_down = kind.linears
+    heads = g.const([0, 0, c.heads, c.head_dim])
+    h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
+    q = g.op("Mul", g.op("Reshape", _linear(g, h, q_spec), heads), g.const(c.head_dim ** -0.5, "float32"))
+    k = g.op("Reshape", _linear(g, h, k_spec), heads)
+    v = g.op("Reshape", _linear(g, h, v_spec), heads)
+    decay = g.op("Sigmoid", g.op("Reshape", _linear(g, h, gate_spec), heads))
+    mixed, state = g.op(GATED_RECURRENCE, q, k, v, decay, "state", outputs=2, domain=DOMAIN)
+    mixed = g.op("Reshape", mixed, g.const([0, 0, c.heads * c.head_dim]))
+    x2 = g.op("Add", "x", _linear(g, mixed, o_spec))
+    g.rename(_ffn(g, x2, c, ffn_gate, ffn_up, ffn_down), "y")
+    g.rename(state, "state_out")
+    outputs = [
+        tensor_info("y", "float32", (*lead, c.hidden)),
+        tensor_info("state_out", "float32", (lead[0], c.heads, c.head_dim, c.head_dim)),
+    ]
+    return outputs, [gated_recurrence_function()]

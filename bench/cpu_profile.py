@@ -1,6 +1,6 @@
 """Profile of the per-token host path on the CPU: decode steps of the real model as `jitllm run` does them.
 
-    python bench/cpu_profile.py [-jlm PATH] [-threads 2] [-steps 64] [-kernels fast] [-cache DIR] [-py-spy]
+    python bench/cpu_profile.py [-jlm PATH] [-threads 2] [-steps 64] [-kernels fast] [-cache DIR] [-dump FILE] [-py-spy]
 
 Loads the model on the host (`jitllm.model.load`, devices=cpu), prefills a short chat prompt, warms up,
 then runs decode steps exactly as jitllm/runtime/generation.py does: `token = sampler(logits)` followed by
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("-ctx", type=int, default=512)
     ap.add_argument("-seed", type=int, default=0)
     ap.add_argument("-top", type=int, default=15)
+    ap.add_argument("-dump", default=None, help="also write the cProfile statistics to this file (pstats)")
     ap.add_argument("-py-spy", dest="py_spy", action="store_true", help="also record the steps with py-spy")
     args = ap.parse_args()
 
@@ -126,6 +127,8 @@ def main() -> None:
     wall = time.perf_counter() - start
     ex.close_session(session)
     stats = pstats.Stats(prof)
+    if args.dump:
+        stats.dump_stats(args.dump)
     print(f"under cProfile: {wall / args.steps * 1e3:.2f} ms per step; "
           f"{stats.total_calls / args.steps:.0f} Python-level calls per step "
           f"({stats.prim_calls / args.steps:.0f} primitive)")
@@ -166,6 +169,7 @@ def py_spy(args, ex, ids, steps) -> None:
         return
     own: collections.Counter = collections.Counter()
     total: collections.Counter = collections.Counter()
+    place: collections.Counter = collections.Counter()
     samples = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -177,8 +181,11 @@ def py_spy(args, ex, ids, steps) -> None:
         own[frames[-1]] += n
         for f in set(frames):
             total[f] += n
+        leaf = frames[-1]
+        where = "Python code" if re.search(r":\d+\)$", leaf) else leaf.rpartition("(")[2].rstrip(")")
+        place[where] += n
     print(f"\n--- py-spy --native: {samples} samples in {args.steps * 4} decode steps ({out}) ---")
-    for title, counter in (("own", own), ("total", total)):
+    for title, counter in (("own", own), ("total", total), ("own (by library)", place)):
         print(f"top {args.top} by {title} samples:")
         for frame, n in counter.most_common(args.top):
             print(f"  {100 * n / max(samples, 1):5.1f}%  {frame}")

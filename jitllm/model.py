@@ -87,6 +87,7 @@ class Model:
                 moved.append(unit.device.name)
                 unit.device.release(unit.nbytes)
                 host.reserve(unit.nbytes, "weights")
+                unit.kind = self.executor.kind_on(unit.index, host)
                 unit.weights = self.executor.upload_weights(unit.index, host)
                 unit.program, unit.decode_program = self.executor.programs(unit.kind, host)
                 unit.device = host

@@ -52,7 +52,18 @@ def block_forward(kind: BlockKind, weights, x, cos, sin, pages, page_table, past
     """Numpy forward of a llama block over paged history; returns (y, k_new, v_new)."""
     c = kind.config
     b, s, _ = x.shape
-    lin = lambda name, h: h @ linear_weight(kind, weights, name).T  # noqa: E731
+    fused = {"attn_q": ("attn_qkv", 0), "attn_k": ("attn_qkv", 1), "attn_v": ("attn_qkv", 2),
+             "ffn_gate": ("ffn_gate_up", 0), "ffn_up": ("ffn_gate_up", 1)}
+    q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    bounds = {"attn_qkv": [0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim], "ffn_gate_up": [0, c.ffn, 2 * c.ffn]}
+
+    def lin(name: str, h: np.ndarray) -> np.ndarray:
+        names = [spec.name for spec in kind.linears]
+        if name in names:
+            return h @ linear_weight(kind, weights, name).T
+        stacked, i = fused[name]  # a fused kind: the rows of `name` within the stacked matrix
+        rows = linear_weight(kind, weights, stacked)[bounds[stacked][i]:bounds[stacked][i + 1]]
+        return h @ rows.T
     h = rms_norm(x, weights["attn_norm"], c.rms_eps)
     q = rope(lin("attn_q", h).reshape(b, s, c.heads, c.head_dim), cos, sin)
     k = rope(lin("attn_k", h).reshape(b, s, c.kv_heads, c.head_dim), cos, sin)

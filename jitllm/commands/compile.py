@@ -20,6 +20,7 @@ from jitllm.cli import opt
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
                     cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
+    from jitllm.ir.llama import fused_kind
     from jitllm.jlm import JlmFile
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets import get_target
@@ -34,14 +35,16 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
     else:
         layout = ModelLayout.from_file(JlmFile(model))
     target = get_target(target_name, arch)
-    kinds = list(dict.fromkeys([*layout.block_kinds, layout.head]))
+    as_compiled = fused_kind if getattr(target, "fuse_linears", False) else (lambda kind: kind)
+    kinds = list(dict.fromkeys(as_compiled(k) for k in [*layout.block_kinds, layout.head]))
     if getattr(target, "decode_variants", False):
         kinds += [k.decode_variant() for k in kinds]
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
     built = cached = 0
     for kind in kinds:
         artifact = get_artifact(kind, target, cache_dir)
-        users = [str(i) for i, k in enumerate(layout.block_kinds) if k.decode_variant() == kind.decode_variant()] or ["head"]
+        users = [str(i) for i, k in enumerate(layout.block_kinds)
+                 if as_compiled(k).decode_variant() == kind.decode_variant()] or ["head"]
         what = f"{kind.kind}{' decode' if kind.decode else ''} ({_span(users)})"
         if artifact.built:
             built += 1

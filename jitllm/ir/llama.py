@@ -6,6 +6,8 @@ arrive as cos/sin tables (computed on the host), so every dim is an input dim (D
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import onnx
 from onnx import helper
 
@@ -15,6 +17,8 @@ from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import PAGED_ATTENTION, linear_function, linear_op, paged_attention_function
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+"""Linears that share their input, stacked along the output rows into one matrix (one matvec each)."""
 
 
 def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -94,13 +98,32 @@ def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str
     return g.op("Reshape", g.op("Concat", out0, out1, axis=-1), g.const([0, 0, heads, head_dim]))
 
 
-def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spec: LinearSpec,
+def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spec: LinearSpec | None,
          down_spec: LinearSpec) -> str:
-    """x2 + SwiGLU(RMSNorm(x2)): the feed-forward half every decoder block kind shares."""
+    """x2 + SwiGLU(RMSNorm(x2)): the feed-forward half every decoder block kind shares. Without
+    `up_spec`, `gate_spec` is the fused gate/up matrix."""
     h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
-    gate = _linear(g, h2, gate_spec)
-    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h2, up_spec))
+    if up_spec is None:
+        gate, up = g.op("Split", _linear(g, h2, gate_spec), g.const([c.ffn, c.ffn]), axis=-1, outputs=2)
+    else:
+        gate, up = _linear(g, h2, gate_spec), _linear(g, h2, up_spec)
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
     return g.op("Add", x2, _linear(g, act, down_spec))
+
+
+def fused_kind(kind: BlockKind) -> BlockKind:
+    """The llama kind with Q/K/V and gate/up stacked into one linear each, where their weight types
+    match (else the kind itself). Weights are stacked when loaded (see ModelLayout.weight_sources)."""
+    specs = {spec.name: spec for spec in kind.linears}
+    if kind.kind != "llama" or "attn_qkv" in specs:
+        return kind
+    fused = []
+    for name, parts in FUSED_LINEARS.items():
+        if len({specs[p].wtype for p in parts}) != 1:
+            return kind
+        first = specs[parts[0]]
+        fused.append(LinearSpec(name, sum(specs[p].out_features for p in parts), first.in_features, first.wtype))
+    return replace(kind, linears=(fused[0], specs["attn_output"], fused[1], specs["ffn_down"]))
 
 
 def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
@@ -110,13 +133,20 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     lead = (1, 1) if kind.decode else ("batch", "seq")
     outputs: list[onnx.ValueInfoProto]
     if kind.kind == "llama":
-        q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
         h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
         cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
         sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
-        q = _rope(g, _linear(g, h, q_spec), c.heads, c.head_dim, cos, sin)
-        k = _rope(g, _linear(g, h, k_spec), c.kv_heads, c.head_dim, cos, sin)
-        v = g.op("Reshape", _linear(g, h, v_spec), g.const([0, 0, c.kv_heads, c.head_dim]))
+        if len(kind.linears) == 4:  # fused_kind
+            qkv_spec, o_spec, gate_spec, down_spec = kind.linears
+            up_spec = None
+            q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+            q, k, v = g.op("Split", _linear(g, h, qkv_spec), g.const([q_dim, kv_dim, kv_dim]), axis=-1, outputs=3)
+        else:
+            q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
+            q, k, v = _linear(g, h, q_spec), _linear(g, h, k_spec), _linear(g, h, v_spec)
+        q = _rope(g, q, c.heads, c.head_dim, cos, sin)
+        k = _rope(g, k, c.kv_heads, c.head_dim, cos, sin)
+        v = g.op("Reshape", v, g.const([0, 0, c.kv_heads, c.head_dim]))
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
         attn = g.op("Reshape", attn, g.const([0, 0, c.heads * c.head_dim]))
         x2 = g.op("Add", "x", _linear(g, attn, o_spec))

@@ -28,6 +28,9 @@ class CudaTarget:
     def cache_key(self) -> dict:
         return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm"}
 
+    fuse_linears = True
+    """Q/K/V and gate/up as one matvec each: every GPU kernel has a fixed cost of a few µs (DESIGN.md §3)."""
+
     decode_variants = True
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 

@@ -17,6 +17,7 @@ import tvm
 
 from jitllm.errors import DeviceFault, JitllmError
 from jitllm.ir.config import BlockKind
+from jitllm.ir.llama import fused_kind
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.quant import dequantize_rows
@@ -76,8 +77,8 @@ class Executor:
         self._cos, self._sin = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
         embd_parts = {n.split(".", 1)[1]: model.tensor(n) for n in model.tensors if n.startswith("token_embd.")}
         self._embedding = (layout.embedding_type, embd_parts)
-        self.blocks = [self._load_unit(i, layout.block_kinds[i], placement[i]) for i in range(cfg.num_blocks)]
-        self.head = self._load_unit(HEAD, layout.head, placement[HEAD])
+        self.blocks = [self._load_unit(i, placement[i]) for i in range(cfg.num_blocks)]
+        self.head = self._load_unit(HEAD, placement[HEAD])
         self._session_ids = itertools.count()
         self.sessions: dict[int, Session] = {}
         self.graphs = True
@@ -99,19 +100,32 @@ class Executor:
         decode = self.program(kind.decode_variant(), device) if getattr(device.target, "decode_variants", False) else None
         return self.program(kind, device), decode
 
-    def _load_unit(self, index: int | str, kind: BlockKind, device: Device) -> Unit:
+    def kind_on(self, index: int | str, device: Device) -> BlockKind:
+        """The unit's kind as compiled for `device`: targets that prefer fewer, larger matvecs
+        (`fuse_linears`) get Q/K/V and gate/up stacked (jitllm.ir.llama.fused_kind)."""
+        kind = self.layout.head if index == HEAD else self.layout.block_kinds[index]
+        return fused_kind(kind) if getattr(device.target, "fuse_linears", False) else kind
+
+    def _load_unit(self, index: int | str, device: Device) -> Unit:
+        kind = self.kind_on(index, device)
         names = self.layout.tensor_names(index)
         nbytes = sum(self.model.tensors[n].nbytes for n in names)
         device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
-        weights = self.upload_weights(index, device)
+        weights = self.upload_weights(index, device, kind)
         if kind.kind == "llama":
             self.pool(device)
         return Unit(index, kind, device, weights, nbytes, *self.programs(kind, device))
 
-    def upload_weights(self, index: int | str, device: Device) -> list[tvm.runtime.Tensor]:
-        """A unit's weights copied from its .jlm page onto `device` (one tensor each: TVM kernels
-        reject views with a byte offset, so a page cannot be one tensor sliced into weights)."""
-        return [device.upload(self.model.tensor(n)) for n in self.layout.tensor_names(index)]
+    def upload_weights(self, index: int | str, device: Device, kind: BlockKind | None = None) -> list[tvm.runtime.Tensor]:
+        """A unit's weights (laid out for `kind`, default its kind on `device`) copied from its .jlm page
+        onto `device`, one tensor each (TVM kernels reject views with a byte offset, so a page cannot be
+        one tensor sliced into weights); fused linears are stacked here, once per load or move."""
+        kind = kind or self.kind_on(index, device)
+        return [device.upload(self._stacked(group)) for group in self.layout.weight_sources(index, kind)]
+
+    def _stacked(self, names: tuple[str, ...]) -> np.ndarray:
+        parts = [self.model.tensor(n) for n in names]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
     def pool(self, device: Device) -> PagePool:
         """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""

@@ -44,14 +44,15 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     start = time.perf_counter()
     if source is dest:
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
-    program, decode_program = executor.programs(unit.kind, dest)
+    kind = executor.kind_on(index, dest)
+    program, decode_program = executor.programs(kind, dest)
     dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
     new_tables: dict[int, PageTable] = {}
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
-        if source.name == "host":
-            weights = executor.upload_weights(index, dest)
+        if source.name == "host" or kind != unit.kind:  # from the file, laid out for the destination
+            weights = executor.upload_weights(index, dest, kind)
         else:
             weights = [to_device(w, dest) for w in unit.weights]
         if unit.kind.kind == "llama":
@@ -85,7 +86,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                 session.tables[index] = PageTable(executor.pool(dest))
     commit_states(executor.sessions, index, new_states)
     source.release(unit.nbytes)
-    unit.device, unit.weights, unit.program, unit.decode_program = dest, weights, program, decode_program
+    unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
     executor.drop_graphs()  # captured steps hold the source's weights and pages
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start,
                       state_bytes)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from jitllm.errors import JitllmError
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.blocks import block_kind
-from jitllm.ir.llama import BlockKind, head_kind, weight_inputs
+from jitllm.ir.llama import FUSED_LINEARS, BlockKind, head_kind, weight_inputs
 from jitllm.jlm import JlmFile
 
 HEAD = "head"
@@ -38,17 +38,26 @@ class ModelLayout:
         return cls(cfg, kinds, head, embedding)
 
     def tensor_names(self, unit: int | str) -> list[str]:
-        """File tensor names feeding the weight inputs of a block (by index) or of the head, in call order."""
+        """File tensor names feeding the weight inputs of a block (by index) or of the head."""
+        return [name for group in self.weight_sources(unit) for name in group]
+
+    def weight_sources(self, unit: int | str, kind: BlockKind | None = None) -> list[tuple[str, ...]]:
+        """Per weight input of `kind` (default: the unit's kind in the file), in call order, the file
+        tensors it is made of: one, or the parts a fused linear stacks along its rows."""
         if unit == HEAD:
             src = "token_embd" if self.config.tied_head else "output"
-            return [n if n == "output_norm" else n.replace("output_", f"{src}.", 1)
+            return [(n if n == "output_norm" else n.replace("output_", f"{src}.", 1),)
                     for n, _, _ in weight_inputs(self.head)]
-        kind = self.block_kinds[unit]
-        names = []
+        kind = kind or self.block_kinds[unit]
+        sources = []
         for name, _, _ in weight_inputs(kind):
             linear = next((s.name for s in kind.linears if name.startswith(s.name + "_")), None)
-            names.append(f"blk.{unit}.{name}" if linear is None else f"blk.{unit}.{linear}.{name[len(linear) + 1:]}")
-        return names
+            if linear is None:
+                sources.append((f"blk.{unit}.{name}",))
+            else:
+                part = name[len(linear) + 1:]
+                sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in FUSED_LINEARS.get(linear, (linear,))))
+        return sources
 
     def unit_bytes(self, model: JlmFile, unit: int | str) -> int:
         return sum(model.tensors[n].nbytes for n in self.tensor_names(unit))

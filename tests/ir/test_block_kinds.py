@@ -8,7 +8,8 @@ import pytest
 import tvm
 
 from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, activation_inputs, build_block_graph, head_kind, llama_block_kind, weight_inputs
+from jitllm.ir.llama import (BLOCK_LINEARS, activation_inputs, build_block_graph, fused_kind, head_kind,
+                             llama_block_kind, weight_inputs)
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.llvm import LlvmTarget
 from jitllm.runtime.program import load_program
@@ -29,9 +30,13 @@ def _run_both(kind, cache_dir, feeds):
     return got_ort, got_tvm, program
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-def test_decoder_block(wtype, cache_dir):
+def test_decoder_block(wtype, fused, cache_dir):
     kind = llama_block_kind(CFG, {n: wtype for n in BLOCK_LINEARS})
+    if fused:
+        kind = fused_kind(kind)
+        assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
     rng = np.random.default_rng(7)
     weights = random_weights(kind, rng)
     for batch, seq, pasts in SHAPES:
@@ -79,3 +84,8 @@ def test_append_writes_through_the_page_table(cache_dir):
         for slot in range(p):
             if (page, slot) not in touched:
                 assert np.array_equal(after[page, :, :, slot], inputs["pages"][page, :, :, slot])
+
+
+def test_fusion_needs_matching_weight_types():
+    mixed = llama_block_kind(CFG, {**{n: "q4_1" for n in BLOCK_LINEARS}, "attn_v": "q8_0"})
+    assert fused_kind(mixed) is mixed

@@ -28,8 +28,8 @@ cd "$src"
 rm -rf models docs tests benches media examples pocs app gguf-py conversion skills ci .github .devops \
        tools/ui tools/server \
        ggml/src/ggml-{cann,et,hexagon,metal,opencl,openvino,sycl,virtgpu,vulkan,webgpu,zdnn,zendnn,rpc,blas} \
-       convert_*.py
-# .gitmodules-free; record what this is
+       convert_*.py .git .gemini .pi requirements requirements.txt
+# .git is a submodule gitlink to nowhere (git commands in the build would complain); record what this is
 echo "llama.cpp from llama-cpp-python $version sdist (vendor/llama.cpp), trimmed by jitllm bench/llamacpp/pack.sh" > JITLLM_SOURCE.txt
 cd "$tmp/llama_cpp_python-$version/vendor"
 tar -czf "$out" --owner=0 --group=0 --sort=name llama.cpp

@@ -2,7 +2,7 @@
 
     python3 bench/llamacpp/random_gguf.py -preset llama-3.2-3b -wtype q4_0 -out /tmp/3b-q4_0.gguf [-jobs 16]
 
-Shapes come from jitllm.random_model.PRESETS (same shapes jitllm benchmarks); weight types f16, q4_0, q8_0
+Shapes come from jitllm.random_model.PRESETS (same shapes jitllm benchmarks); weight types f16, q4_0, q4_1, q8_0
 (every matrix, token_embd included, like jitllm's random models; norms f32). Weights ~ N(0, 1/fan_in), the
 embedding 8x that, norms near 1. The tokenizer is a minimal "gpt2" BPE one made here: ids 0-3 are <s>, </s>,
 <|im_end|>, <|im_start|>, then the 256 byte tokens (GPT-2's byte-to-unicode spelling), a few merged tokens
@@ -39,6 +39,7 @@ from jitllm.random_model import PRESETS  # noqa: E402
 
 WTYPES = {"f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
           "q4_0": (QT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+          "q4_1": (QT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
           "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
 SPECIALS = ["<s>", "</s>", "<|im_end|>", "<|im_start|>"]
 MERGES = ["Ġ t", "Ġ a", "h e", "i n", "r e", "o n", "Ġt he", "e r"]
@@ -156,20 +157,23 @@ _fd: dict[str, int] = {}
 
 def _fast_rows(rng: np.random.Generator, t: Tensor, rows: int) -> np.ndarray:
     """Random rows made directly in the stored format from random bits (~10x faster than normal + quantize):
-    f16: random sign and mantissa, exponent spread over 4 octaves so the std is ~t.scale (no inf/nan);
-    q4_0/q8_0: random quants (uniform) with every block's scale set so the std is ~t.scale."""
+    f16: random sign and mantissa, exponent spread over 4 octaves, std within 1.4x of t.scale (no inf/nan);
+    q4_0/q4_1/q8_0: random quants (uniform) with every block's scale set so the std is ~t.scale."""
     if t.qtype == QT.F16:
         r = np.frombuffer(rng.bytes(rows * t.cols * 2), dtype=np.uint16).copy()
         # keep sign, mantissa and the exponent's 2 low bits, then add e0: |x| = 2^(e - 15) * (1 + m / 1024)
-        # with e uniform in [e0, e0 + 3], whose rms is ~0.55 * 2^(e0 - 11)
-        e0 = int(np.clip(np.round(np.log2(t.scale / 0.55)) + 11, 1, 27))
+        # with e uniform in [e0, e0 + 3], whose rms is ~0.44 * 2^(e0 - 11) (so the std is within 1.4x of t.scale)
+        e0 = int(np.clip(np.round(np.log2(t.scale / 0.44)) + 11, 1, 27))
         r &= np.uint16(0x8FFF)
         r += np.uint16(e0 << 10)
         return r.reshape(rows, t.cols)
     block, nbytes = gguf.GGML_QUANT_SIZES[t.qtype]
     blocks = np.frombuffer(rng.bytes(rows * t.row_bytes), dtype=np.uint8).reshape(-1, nbytes).copy()
-    q_std = 4.61 if t.qtype == QT.Q4_0 else 73.9  # std of uniform nibbles - 8 / uniform int8
-    blocks[:, :2] = np.frombuffer(np.float16(t.scale / q_std).tobytes(), dtype=np.uint8)
+    q_std = 73.9 if t.qtype == QT.Q8_0 else 4.61  # std of uniform int8 / uniform nibbles
+    d = np.float16(t.scale / q_std)
+    blocks[:, :2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+    if t.qtype == QT.Q4_1:  # x = d * q + m with q in 0..15: centre it
+        blocks[:, 2:4] = np.frombuffer(np.float16(-7.5 * float(d)).tobytes(), dtype=np.uint8)
     return blocks
 
 

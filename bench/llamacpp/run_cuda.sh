@@ -84,8 +84,12 @@ cuda_extra_flags() {  # cuBLAS / libcuda hints, only where the CUDA toolkit lack
 do_configure() {
     local tarball="$here/llama.cpp.tar.gz" extra=()
     [[ -f "$tarball" ]] || { log "missing $tarball (make it with bench/llamacpp/pack.sh, send it with carry)"; return 1; }
-    rm -rf "$WORK/src" && mkdir -p "$WORK/src"
-    tar -xzf "$tarball" -C "$WORK/src"
+    local sum; sum="$(sha256sum < "$tarball")"
+    if [[ "$(cat "$WORK/src.sha256" 2>/dev/null)" != "$sum" ]]; then  # else: a rerun, ninja redoes nothing
+        rm -rf "$WORK/src" "$WORK/src.sha256" && mkdir -p "$WORK/src"
+        tar -xzf "$tarball" -C "$WORK/src"
+        echo "$sum" > "$WORK/src.sha256"
+    fi
     mapfile -t extra < <(cuda_extra_flags)
     cmake -S "$WORK/src/llama.cpp" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DGGML_CUDA="${GGML_CUDA:-ON}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_CUDA_FA_ALL_QUANTS=OFF \
@@ -175,9 +179,10 @@ case "${1:-all}" in
         case "$1" in
             build) run_step build do_build ;;
             ggufs) run_step ggufs do_ggufs ;;
-            prep) prep ;;
+            prep) run_step prep prep ;;
         esac ;;
     bench)
+        wait_step prep || true  # a background prep (its ggufs step must not run twice at once)
         wait_step build || run_step build do_build
         wait_step ggufs || true
         run_step ggufs do_ggufs  # writes only the GGUFs not written yet

@@ -156,9 +156,9 @@ for r in results:
 for name, tests in by.items():
     any_r = next(iter(tests.values()))
     parts = [f"{t} {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} t/s" for t, r in tests.items()]
-    print(f"llama.cpp CUDA {name} ({any_r['model_type']}, {any_r['model_size'] / 2**20:.0f} MiB, "
+    print(f"llama.cpp {any_r.get('backends', '?')} {name} ({any_r['model_type']}, {any_r['model_size'] / 2**20:.0f} MiB, "
           f"{any_r['model_n_params'] / 1e6:.1f} M params, fa {any_r.get('flash_attn')}): " + ", ".join(parts)
-          + f" [{any_r.get('gpu_info', '')}, build {any_r.get('build_commit', '')}]")
+          + f" [{any_r.get('gpu_info') or any_r.get('cpu_info')}, llama.cpp of llama-cpp-python 0.3.36]")
 out = os.environ.get("OUT")
 if out:
     with open(os.path.join(out, "llamacpp.json"), "w") as f:

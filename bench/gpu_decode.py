@@ -40,13 +40,14 @@ def report_llamacpp(path: str, preset: str, wtype: str, pp: float, tg: float) ->
     """Ratios against llama-bench's entries for the same shape and type (JSON written by bench/llamacpp)."""
     import json
 
-    entries = json.loads(Path(path).read_text())
+    entries = [e for e in json.loads(Path(path).read_text()) if e.get("jitllm_model") == f"{preset}:{wtype}"]
+    if not entries:
+        print(f"llama.cpp: no {preset}:{wtype} entry in {path}")
     for e in entries:
-        if preset in str(e.get("model_filename", "")) and wtype.replace("_", "") in str(e.get("model_filename", "")).lower().replace("_", ""):
-            ours = tg if e.get("n_gen", 0) else pp
-            test = f"tg{e['n_gen']}" if e.get("n_gen", 0) else f"pp{e['n_prompt']}"
-            print(f"llama.cpp {preset} {wtype} {test}: {e['avg_ts']:.1f} ± {e['stddev_ts']:.1f} t/s; "
-                  f"jitllm / llama.cpp = {ours / e['avg_ts']:.2f}x")
+        gen = e.get("n_gen", 0)
+        test, ours = (f"tg{gen}", tg) if gen else (f"pp{e['n_prompt']}", pp)
+        print(f"llama.cpp {preset} {wtype} {test}: {e['avg_ts']:.1f} ± {e['stddev_ts']:.1f} t/s; "
+              f"jitllm / llama.cpp = {ours / e['avg_ts']:.2f}x")
 
 
 def hf_eager(cfg, device: str, gen: int) -> float | None:

@@ -69,12 +69,15 @@ def _float(wtype: str, G: int, K: int):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                wl = T.alloc_buffer((R,), wdtype, scope="local")
                 _zero(acc)
                 for step in T.unroll(STEPS):
                     kk: T.let = step * NT + t
                     if kk < K:
+                        for r in T.vectorized(R):  # one 16-byte load (f16) of the column's 8 rows
+                            wl[r] = w[g, kk, r]
                         for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", w[g, kk, r]) * x[0, kk]
+                            acc[r] = acc[r] + T.Cast("float32", wl[r]) * x[0, kk]
                 _block_sum_and_store(part, part2, acc, t, g, y, NT)
 
     return f
@@ -94,33 +97,45 @@ def _q8_0(wtype: str, G: int, K: int):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                ql = T.alloc_buffer((R,), "int8", scope="local")
+                dl = T.alloc_buffer((R,), "float16", scope="local")
                 _zero(acc)
                 for step in T.unroll(STEPS):
                     e: T.let = step * NT + t
                     if e < NB * 32:
+                        for r in T.vectorized(R):
+                            ql[r] = qs[g, e // 32, e % 32, r]
+                        for r in T.vectorized(R):
+                            dl[r] = d[g, e // 32, r]
                         for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", d[g, e // 32, r]) * T.Cast(
-                                "float32", qs[g, e // 32, e % 32, r]) * x[0, e // 32, e % 32]
+                            acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * x[0, e // 32, e % 32]
                 _block_sum_and_store(part, part2, acc, t, g, y, NT)
 
     return f
 
 
 @T.macro
-def _q4_item(acc, qs, d, mn, x, g, e, q4_1):
-    """Add item e (32-block e // 16, byte column e % 16) of row group g to the R partial sums."""
+def _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, e, q4_1):
+    """Add item e (32-block e // 16, byte column e % 16) of row group g to the R partial sums; the
+    item's 8 bytes and its block's 8 scales (and minimums) arrive as one vector load each."""
     b: T.let = e // 16
     j: T.let = e % 16
     x0: T.let = x[0, b, j]
     x1: T.let = x[0, b, j + 16]
+    for r in T.vectorized(R):
+        ql[r] = qs[g, b, j, r]
+    for r in T.vectorized(R):
+        dl[r] = d[g, b, r]
+    if q4_1:
+        for r in T.vectorized(R):
+            ml[r] = mn[g, b, r]
     for r in T.serial(R):
-        lo: T.let = T.Cast("float32", T.bitwise_and(qs[g, b, j, r], T.uint8(15)))
-        hi: T.let = T.Cast("float32", T.shift_right(qs[g, b, j, r], T.uint8(4)))
+        lo: T.let = T.Cast("float32", T.bitwise_and(ql[r], T.uint8(15)))
+        hi: T.let = T.Cast("float32", T.shift_right(ql[r], T.uint8(4)))
         if q4_1:
-            acc[r] = acc[r] + T.Cast("float32", d[g, b, r]) * (lo * x0 + hi * x1) + T.Cast(
-                "float32", mn[g, b, r]) * (x0 + x1)
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * (lo * x0 + hi * x1) + T.Cast("float32", ml[r]) * (x0 + x1)
         else:
-            acc[r] = acc[r] + T.Cast("float32", d[g, b, r]) * ((lo - T.float32(8)) * x0 + (hi - T.float32(8)) * x1)
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * ((lo - T.float32(8)) * x0 + (hi - T.float32(8)) * x1)
 
 
 def _q4(wtype: str, G: int, K: int):
@@ -140,10 +155,13 @@ def _q4(wtype: str, G: int, K: int):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                ql = T.alloc_buffer((R,), "uint8", scope="local")
+                dl = T.alloc_buffer((R,), "float16", scope="local")
+                ml = T.alloc_buffer((R,), "float16", scope="local")
                 _zero(acc)
                 for step in T.unroll(STEPS):
                     if step * NT + t < NB * 16:
-                        _q4_item(acc, qs, d, mn, x, g, step * NT + t, True)
+                        _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, step * NT + t, True)
                 _block_sum_and_store(part, part2, acc, t, g, y, NT)
 
     @T.prim_func
@@ -155,10 +173,12 @@ def _q4(wtype: str, G: int, K: int):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                ql = T.alloc_buffer((R,), "uint8", scope="local")
+                dl = T.alloc_buffer((R,), "float16", scope="local")
                 _zero(acc)
                 for step in T.unroll(STEPS):
                     if step * NT + t < NB * 16:
-                        _q4_item(acc, qs, d, None, x, g, step * NT + t, False)
+                        _q4_item(acc, ql, dl, None, qs, d, None, x, g, step * NT + t, False)
                 _block_sum_and_store(part, part2, acc, t, g, y, NT)
 
     return q4_1 if wtype == "q4_1" else q4_0

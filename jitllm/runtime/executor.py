@@ -27,7 +27,8 @@ from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
-from jitllm.runtime.step_graphs import GraphRecord, Segment, capture_segment, segment_signature, segments
+from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepInputs, capture_segment, segment_signature,
+                                        segments)
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Session:
     length: int = 0
     tables: dict[int, PageTable] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
+    step_inputs: dict[str, StepInputs] = field(default_factory=dict)
+    """Per device: the decode step's input tensors, reused every token."""
     states: dict[int, RecurrentState] = field(default_factory=dict)
     """Recurrent (GLA) blocks' state by block index, on each block's device."""
 
@@ -121,11 +124,8 @@ class Executor:
         onto `device`, one tensor each (TVM kernels reject views with a byte offset, so a page cannot be
         one tensor sliced into weights); fused linears are stacked here, once per load or move."""
         kind = kind or self.kind_on(index, device)
-        return [device.upload(self._stacked(group)) for group in self.layout.weight_sources(index, kind)]
-
-    def _stacked(self, names: tuple[str, ...]) -> np.ndarray:
-        parts = [self.model.tensor(n) for n in names]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        return [device.upload_stacked([self.model.tensor(n) for n in group])
+                for group in self.layout.weight_sources(index, kind)]
 
     def pool(self, device: Device) -> PagePool:
         """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""
@@ -170,6 +170,7 @@ class Executor:
     def reset_session(self, session: Session) -> None:
         """Forget the session's history (its pages go back to their pools)."""
         self.drop_graphs(session)
+        session.step_inputs.clear()
         for table in session.tables.values():
             table.release()
         session.tables.clear()
@@ -210,12 +211,22 @@ class Executor:
     def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
-        if any(unit.kind.kind == "llama" for unit in segment.blocks):
-            cos = dev.upload(self._cos[past:past + n][None])
-            sin = dev.upload(self._sin[past:past + n][None])
-            past_t = dev.upload(np.array([past], np.int32))
+        llama = any(unit.kind.kind == "llama" for unit in segment.blocks)
+        if n == 1 and llama:  # decode: this session's input tensors on the device, rewritten in place
+            step = session.step_inputs.get(dev.name)
+            if step is None:
+                cfg = self.layout.config
+                step = session.step_inputs[dev.name] = StepInputs.on(dev, cfg.hidden, cfg.head_dim // 2)
+            step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+            h, cos, sin, past_t = step.x, step.cos, step.sin, step.past
+        else:
+            h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+            if llama:
+                cos = dev.upload(self._cos[past:past + n][None])
+                sin = dev.upload(self._sin[past:past + n][None])
+                past_t = dev.upload(np.array([past], np.int32))
+        if llama:
             pages = self.pools[dev.name].pages
-        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         for unit in segment.blocks:
             if unit.kind.kind == "gla":
                 h = self._recurrent_step(session, unit, h, n)
@@ -243,7 +254,7 @@ class Executor:
                 self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                          f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
         else:
-            record.feed(*inputs)
+            record.inputs.feed(*inputs)
         record.graph.replay()
         return record.output
 

@@ -60,19 +60,20 @@ def segments(blocks: list, head) -> list[Segment]:
 
 
 @dataclass
-class GraphRecord:
-    signature: tuple
-    graph: StepGraph | None
+class StepInputs:
+    """A decode step's per-token inputs on one device, rewritten in place every token (no allocation)."""
+
     x: tvm.runtime.Tensor
     cos: tvm.runtime.Tensor
     sin: tvm.runtime.Tensor
     past: tvm.runtime.Tensor
-    output: tvm.runtime.Tensor | None
-    keep: list
-    """Every object the graph's addresses point into (weights, pages, tables, intermediates)."""
+
+    @classmethod
+    def on(cls, device: Device, hidden: int, half: int) -> "StepInputs":
+        return cls(device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
+                   device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
 
     def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
-        """Write this token's inputs into the captured input tensors."""
         if isinstance(x, np.ndarray):
             self.x.copyfrom(x)
         else:
@@ -80,6 +81,16 @@ class GraphRecord:
         self.cos.copyfrom(cos)
         self.sin.copyfrom(sin)
         self.past.copyfrom(np.array([past], np.int32))
+
+
+@dataclass
+class GraphRecord:
+    signature: tuple
+    graph: StepGraph | None
+    inputs: StepInputs
+    output: tvm.runtime.Tensor | None
+    keep: list
+    """Every object the graph's addresses point into (weights, pages, tables, intermediates)."""
 
 
 def segment_signature(session, segment: Segment) -> tuple:
@@ -96,12 +107,11 @@ def segment_signature(session, segment: Segment) -> tuple:
 def capture_segment(recorder: GraphRecorder, session, segment: Segment, inputs: tuple) -> GraphRecord:
     """Capture one decode step of `segment` for `session` over fresh input tensors holding `inputs`
     (x, cos, sin, past: a recorder may run the step while it captures it)."""
-    dev = segment.device
-    x_in, cos_in, sin_in, past_in = inputs
-    x = dev.empty(tuple(x_in.shape), "float32")
-    cos, sin = dev.empty(cos_in.shape, "float32"), dev.empty(sin_in.shape, "float32")
-    past = dev.empty((1,), "int32")
-    keep: list = [x, cos, sin, past]
+    x_in, cos_in = inputs[0], inputs[1]
+    step = StepInputs.on(segment.device, x_in.shape[-1], cos_in.shape[-1])
+    step.feed(*inputs)
+    x, cos, sin, past = step.x, step.cos, step.sin, step.past
+    keep: list = []
 
     def body(call: Callable) -> tvm.runtime.Tensor:
         h = x
@@ -119,10 +129,8 @@ def capture_segment(recorder: GraphRecorder, session, segment: Segment, inputs: 
         return h
 
     signature = segment_signature(session, segment)
-    record = GraphRecord(signature, None, x, cos, sin, past, None, keep)
-    record.feed(*inputs)
-    record.graph, record.output = recorder.capture(body)
-    return record
+    graph, output = recorder.capture(body)
+    return GraphRecord(signature, graph, step, output, keep)
 
 
 class ReplayRecorder:

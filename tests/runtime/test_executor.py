@@ -57,3 +57,28 @@ def test_greedy_is_reproducible_and_seeded_sampling_too(model):
     s = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=5)
     first = "".join(model.generate("hello", 8, s))
     assert first == "".join(model.generate("hello", 8, s))
+
+
+def test_decode_steps_reuse_their_input_tensors(model):
+    """No per-token allocation of the step's inputs: the same tensors are rewritten every token."""
+    ex = model.executor
+    session = ex.new_session()
+    logits = ex.forward(session, [5, 6, 7])
+    ex.forward(session, [int(np.argmax(logits))])
+    first = session.step_inputs["host"]
+    tensors = (first.x, first.cos, first.sin, first.past)
+    for token in (8, 9, 10):
+        ex.forward(session, [token])
+    now = session.step_inputs["host"]
+    assert all(a is b for a, b in zip((now.x, now.cos, now.sin, now.past), tensors))
+    assert int(now.past.numpy()[0]) == 6  # the last step's position (3 prompt tokens, then 4 steps)
+    ex.close_session(session)
+
+
+def test_upload_stacked_copies_each_part_into_its_rows():
+    from jitllm.runtime.devices.host import host_device
+
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((rows, 3, 8)).astype(np.float16) for rows in (4, 1, 2)]
+    stacked = host_device().upload_stacked(parts)
+    assert np.array_equal(stacked.numpy(), np.concatenate(parts))

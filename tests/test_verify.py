@@ -27,3 +27,14 @@ def test_verify_cli_same_kernels_agree(tiny_model, cache_dir):
     out = jitllm("verify", "-devices", "cpu", "-cpu-kernels", "exact", "-n", "6", str(tiny_model), "hello", cache=cache_dir)
     assert out.returncode == 0, out.stderr
     assert "compared 6 positions" in out.stdout and "max |dlogit| 0" in out.stdout
+
+
+def test_verify_cli_fast_against_exact_uses_the_fast_kernels_tolerance(tiny_model, cache_dir):
+    from test_cli import jitllm
+
+    out = jitllm("verify", "-devices", "cpu", "-cpu-kernels", "fast", "-n", "6", str(tiny_model), "hello", cache=cache_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(fast kernels)" in out.stdout and "(tol 0.25)" in out.stdout
+    strict = jitllm("verify", "-devices", "cpu", "-cpu-kernels", "fast", "-tol", "0.001", "-n", "6", str(tiny_model),
+                    "hello", cache=cache_dir)
+    assert strict.returncode == 1 and "differ beyond a near-tie" in strict.stderr

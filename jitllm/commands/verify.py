@@ -13,7 +13,9 @@ DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,
 @click.command()
 @click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")
 @opt("n", "steps", type=click.IntRange(min=1), default=32, show_default=True, help="positions to compare")
-@opt("tol", type=click.FloatRange(min=0.0), default=1e-2, show_default=True, help="report differences above this")
+@opt("tol", type=click.FloatRange(min=0.0), default=None,
+     help="report differences above this; 10x it is an error (default 0.01; 0.25 when fast and exact host "
+          "kernels are compared: int8 activations move logits by up to ~2 on SmolLM2, docs/performance.md)")
 @opt("ref-kernels", "ref_kernels", type=click.Choice(["fast", "exact"]), default="exact", show_default=True,
      help="host kernels of the reference side")
 @placement_options
@@ -34,10 +36,12 @@ def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_st
     host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, True, False,
                             False, False)
     ids = host_model.tokenizer.encode(prompt)
-    report = run_verify(host_model, device_model, ids, steps, tol)
     where = sorted({u.device.name for u in [*device_model.executor.blocks, device_model.executor.head]})
+    if tol is None:
+        tol = 0.25 if where == ["host"] and cpu_kernels != ref_kernels else 1e-2
+    report = run_verify(host_model, device_model, ids, steps, tol)
     sides = f"host ({ref_kernels} kernels) vs {', '.join(where)}" + (f" ({cpu_kernels} kernels)" if where == ["host"] else "")
-    click.echo(f"compared {report.checked} positions, {sides}; max |dlogit| {report.max_diff:.3g}")
+    click.echo(f"compared {report.checked} positions, {sides}; max |dlogit| {report.max_diff:.3g} (tol {tol:g})")
     for p in report.positions:
         click.echo(f"  position {p.index}: max |dlogit| {p.max_diff:.3g}, top-1 host {p.host_top1} / device "
                    f"{p.device_top1}, host margin {p.host_margin:.3g}: {p.verdict}")

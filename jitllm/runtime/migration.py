@@ -51,7 +51,9 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
-        if source.name == "host" or kind != unit.kind:  # from the file, laid out for the destination
+        if source.name == "host":
+            weights = _weights_from_host(executor, unit, kind, dest)
+        elif kind != unit.kind:  # from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
         else:
             weights = [to_device(w, dest) for w in unit.weights]
@@ -92,14 +94,48 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                       state_bytes)
 
 
+def _weights_from_host(executor, unit, kind, dest: Device) -> list:
+    """The destination's weights copied from the block's host tensors (already in memory: reading the
+    .jlm pages again would fault them in), stacked for `kind` where it fuses linears."""
+    layout = executor.layout
+    held = {group[0]: w for group, w in zip(layout.weight_sources(unit.index, unit.kind), unit.weights)
+            if len(group) == 1}
+    out = []
+    for group in layout.weight_sources(unit.index, kind):
+        if not all(name in held for name in group):  # the host copy is itself stacked: read the file
+            return executor.upload_weights(unit.index, dest, kind)
+        out.append(dest.upload_stacked([np.from_dlpack(held[name]) for name in group]))
+    return out
+
+
+def _page_runs(ids: list[int]) -> list[tuple[int, int, int]]:
+    """(position in ids, first page id, count) of each run of consecutive page ids."""
+    runs: list[tuple[int, int, int]] = []
+    for i, page in enumerate(ids):
+        if runs and runs[-1][1] + runs[-1][2] == page:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, page, 1))
+    return runs
+
+
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
-    """Export the pages listed in `old` on the source, transfer them once, import them at `new`'s ids."""
+    """Export the pages listed in `old` on the source, transfer them once, import them at `new`'s ids.
+    From the host, runs of consecutive pages go straight from the pool's memory into the destination's
+    staging tensor (no export kernel, no host staging copy)."""
     src_pool, dst_pool = old.pool, new.pool
     count = len(old.ids)
     shape = (count, *src_pool.pages.shape[1:])
-    staged = source.empty(shape, "float32")
-    src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
-    moved = to_device(staged, dest)
+    if source.name == "host":
+        pool = np.from_dlpack(src_pool.pages)
+        moved = dest.empty(shape, "float32")
+        for at, first, run in _page_runs(old.ids):
+            view = moved._create_view((run, *shape[1:]), "float32", at * src_pool.page_bytes)
+            view.copyfrom(pool[first:first + run])
+    else:
+        staged = source.empty(shape, "float32")
+        src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
+        moved = to_device(staged, dest)
     dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
     return count * src_pool.page_bytes
 

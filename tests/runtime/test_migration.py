@@ -189,3 +189,10 @@ def test_moves_between_fused_and_separate_layouts_keep_the_output(tiny_model, ca
     model.move("0", "sim:f")
     assert [s.name for s in ex.blocks[0].kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
     assert len(ex.blocks[0].weights) < len(ex.blocks[1].weights)
+
+
+def test_page_runs_group_consecutive_ids():
+    from jitllm.runtime.migration import _page_runs
+
+    assert _page_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
+    assert _page_runs([]) == []

@@ -138,6 +138,23 @@ def _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, e, q4_1):
             acc[r] = acc[r] + T.Cast("float32", dl[r]) * ((lo - T.float32(8)) * x0 + (hi - T.float32(8)) * x1)
 
 
+@T.macro
+def _q4_body(x, qs, d, mn, y, G, NT, STEPS, NB, q4_1):
+    for g in T.thread_binding(G, thread="blockIdx.x"):
+        for t in T.thread_binding(NT, thread="threadIdx.x"):
+            part = T.alloc_buffer((NT, R), "float32", scope="shared")
+            part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
+            acc = T.alloc_buffer((R,), "float32", scope="local")
+            ql = T.alloc_buffer((R,), "uint8", scope="local")
+            dl = T.alloc_buffer((R,), "float16", scope="local")
+            ml = T.alloc_buffer((R,), "float16", scope="local")
+            _zero(acc)
+            for step in T.unroll(STEPS):
+                if step * NT + t < NB * 16:
+                    _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, step * NT + t, q4_1)
+            _block_sum_and_store(part, part2, acc, t, g, y, NT)
+
+
 def _q4(wtype: str, G: int, K: int):
     """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
     columns j (low nibble) and j + 16 (high nibble)."""
@@ -150,35 +167,12 @@ def _q4(wtype: str, G: int, K: int):
              d: T.Buffer((G, NB, R), "float16"), mn: T.Buffer((G, NB, R), "float16"),
              y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for g in T.thread_binding(G, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                part = T.alloc_buffer((NT, R), "float32", scope="shared")
-                part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
-                acc = T.alloc_buffer((R,), "float32", scope="local")
-                ql = T.alloc_buffer((R,), "uint8", scope="local")
-                dl = T.alloc_buffer((R,), "float16", scope="local")
-                ml = T.alloc_buffer((R,), "float16", scope="local")
-                _zero(acc)
-                for step in T.unroll(STEPS):
-                    if step * NT + t < NB * 16:
-                        _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, step * NT + t, True)
-                _block_sum_and_store(part, part2, acc, t, g, y, NT)
+        _q4_body(x, qs, d, mn, y, G, NT, STEPS, NB, True)
 
     @T.prim_func
     def q4_0(x: T.Buffer((1, NB, 32), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for g in T.thread_binding(G, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                part = T.alloc_buffer((NT, R), "float32", scope="shared")
-                part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
-                acc = T.alloc_buffer((R,), "float32", scope="local")
-                ql = T.alloc_buffer((R,), "uint8", scope="local")
-                dl = T.alloc_buffer((R,), "float16", scope="local")
-                _zero(acc)
-                for step in T.unroll(STEPS):
-                    if step * NT + t < NB * 16:
-                        _q4_item(acc, ql, dl, None, qs, d, None, x, g, step * NT + t, False)
-                _block_sum_and_store(part, part2, acc, t, g, y, NT)
+        _q4_body(x, qs, d, None, y, G, NT, STEPS, NB, False)
 
     return q4_1 if wtype == "q4_1" else q4_0

@@ -13,9 +13,9 @@
 # line per model and writes all results to $OUT/llamacpp.json when $OUT is set).
 # Environment: WORK (default /tmp/llamacpp), JOBS (build/GGUF processes, default nproc), MODELS (default
 # "llama-3.2-3b:f16 llama-3.2-3b:q4_0 smollm2-135m:f16 smollm2-135m:q4_0"), REPS (3), NICE (10, for the
-# background steps), FILL (fast: GGUF values straight from random bits, seconds; normal: N(0, s) quantized
-# with gguf.quants.quantize, ~15x the CPU time), LLAMACPP_CUBLAS_DIR / LLAMACPP_LIBCUDA (only if the
-# toolkit lacks cuBLAS / libcuda), GGML_CUDA=OFF (a CPU-only build, to test this script without a GPU).
+# background steps), FILL (normal: N(0, s) values quantized with gguf.quants.quantize, like jitllm's
+# random models, ~5 s per 3B model on 16 cores; fast: values straight from random bits, ~3x faster),
+# LLAMACPP_CUBLAS_DIR / LLAMACPP_LIBCUDA (only if the toolkit lacks cuBLAS / libcuda), GGML_CUDA=OFF (a CPU-only build, to test this script without a GPU).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$repo/bench/llamacpp"
@@ -23,7 +23,7 @@ WORK="${WORK:-/tmp/llamacpp}"
 JOBS="${JOBS:-$(nproc)}"
 MODELS="${MODELS:-llama-3.2-3b:f16 llama-3.2-3b:q4_0 smollm2-135m:f16 smollm2-135m:q4_0}"
 REPS="${REPS:-3}"
-FILL="${FILL:-fast}"
+FILL="${FILL:-normal}"
 NICE="${NICE:-10}"
 bin="$WORK/build/bin/llama-bench"
 mkdir -p "$WORK"

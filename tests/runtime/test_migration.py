@@ -196,3 +196,36 @@ def test_page_runs_group_consecutive_ids():
 
     assert _page_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
     assert _page_runs([]) == []
+
+
+def _with_graphs(model):
+    """Give the simulated devices the host's stand-in for CUDA graphs (step_graphs.ReplayRecorder)."""
+    from jitllm.runtime.step_graphs import ReplayRecorder
+
+    for name in ("sim:0", "sim:1"):
+        model.devices[name].graphs = ReplayRecorder()
+    return model
+
+
+def test_relocation_growth_and_seam_tuning_with_captured_steps(tiny_model, cache_dir, baseline):
+    """The serving-time placement changes move blocks between captured decode steps; each move must
+    re-capture (never replay a step over freed or stale buffers) and the tokens stay the eager ones."""
+    from jitllm.runtime.seam_tuning import SeamTuner
+
+    relocating = _with_graphs(_load(tiny_model, cache_dir))
+    sim = relocating.devices["sim:0"]
+    relocating.move("*", "sim:0")
+    sim.kv_budget_bytes = 4 * relocating.executor.pool(sim).page_bytes
+    assert relocating.generate_ids(PROMPT, N) == baseline
+    assert [u.device.name for u in relocating.executor.blocks] == ["sim:0", "host"]
+    assert sim.graphs.captures >= 2  # before and after the relocation
+
+    growing = _with_graphs(_load(tiny_model, cache_dir))
+    growing.grow_queue = [(0, "sim:0"), (1, "sim:0"), ("head", "sim:0")]
+    assert growing.generate_ids(PROMPT, N) == baseline
+    assert growing.devices["sim:0"].graphs.captures >= 3  # one per placement the growth went through
+
+    tuning = _with_graphs(_load(tiny_model, cache_dir))
+    tuning.tuner = SeamTuner("sim:0", [0, 1], tokens_per_trial=2)
+    assert tuning.generate_ids(PROMPT, N) == baseline
+    assert tuning.tuner.done

@@ -108,34 +108,34 @@ def _weights_from_host(executor, unit, kind, dest: Device) -> list:
     return out
 
 
-def _page_runs(ids: list[int]) -> list[tuple[int, int, int]]:
-    """(position in ids, first page id, count) of each run of consecutive page ids."""
+def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, int]]:
+    """(first old page id, first new page id, count) of each run where both sides' ids are consecutive."""
     runs: list[tuple[int, int, int]] = []
-    for i, page in enumerate(ids):
-        if runs and runs[-1][1] + runs[-1][2] == page:
+    for old, new in zip(old_ids, new_ids):
+        if runs and runs[-1][0] + runs[-1][2] == old and runs[-1][1] + runs[-1][2] == new:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
-            runs.append((i, page, 1))
+            runs.append((old, new, 1))
     return runs
 
 
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
-    """Export the pages listed in `old` on the source, transfer them once, import them at `new`'s ids.
-    From the host, runs of consecutive pages go straight from the pool's memory into the destination's
-    staging tensor (no export kernel, no host staging copy)."""
+    """Copy the pages listed in `old` into `new`'s pages on the destination. From the host, each run of
+    consecutive pages goes straight from the host pool's memory into the destination pool's rows (one
+    copy, no kernel); otherwise the source exports them into one staging tensor, transferred once and
+    imported at `new`'s ids."""
     src_pool, dst_pool = old.pool, new.pool
     count = len(old.ids)
-    shape = (count, *src_pool.pages.shape[1:])
     if source.name == "host":
         pool = np.from_dlpack(src_pool.pages)
-        moved = dest.empty(shape, "float32")
-        for at, first, run in _page_runs(old.ids):
-            view = moved._create_view((run, *shape[1:]), "float32", at * src_pool.page_bytes)
-            view.copyfrom(pool[first:first + run])
-    else:
-        staged = source.empty(shape, "float32")
-        src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
-        moved = to_device(staged, dest)
+        for first_old, first_new, run in _joint_runs(old.ids, new.ids):
+            rows = dst_pool.pages._create_view((run, *pool.shape[1:]), "float32", first_new * dst_pool.page_bytes)
+            rows.copyfrom(pool[first_old:first_old + run])
+        return count * src_pool.page_bytes
+    shape = (count, *src_pool.pages.shape[1:])
+    staged = source.empty(shape, "float32")
+    src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
+    moved = to_device(staged, dest)
     dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
     return count * src_pool.page_bytes
 

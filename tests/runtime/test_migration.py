@@ -191,11 +191,12 @@ def test_moves_between_fused_and_separate_layouts_keep_the_output(tiny_model, ca
     assert len(ex.blocks[0].weights) < len(ex.blocks[1].weights)
 
 
-def test_page_runs_group_consecutive_ids():
-    from jitllm.runtime.migration import _page_runs
+def test_page_runs_group_ids_consecutive_on_both_sides():
+    from jitllm.runtime.migration import _joint_runs
 
-    assert _page_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
-    assert _page_runs([]) == []
+    assert _joint_runs([3, 4, 5, 9, 10, 2], [0, 1, 2, 3, 4, 5]) == [(3, 0, 3), (9, 3, 2), (2, 5, 1)]
+    assert _joint_runs([3, 4, 5], [7, 8, 1]) == [(3, 7, 2), (5, 1, 1)]
+    assert _joint_runs([], []) == []
 
 
 def _with_graphs(model):

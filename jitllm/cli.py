@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import click
 
 from jitllm.errors import JitllmError
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     """Print one line naming the problem and exit with code 2."""
     click.echo(f"jitllm: error: {message}", err=True)
     sys.exit(2)

@@ -286,11 +286,6 @@ PREFETCH_BYTES = 6 * 1024
 """Software prefetch distance in the AVX2 kernels (a 1536x576 Q4_1 matvec: 41 -> 32 us on one thread)."""
 
 
-def _prefetch(buf, idx):
-    return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[tuple(idx)]), T.int32(0), T.int32(3),
-                              T.int32(1))
-
-
 MAIN_SHARE = 0.5
 """Share of a token's row groups the calling thread (task 0) takes: the worker threads start later."""
 

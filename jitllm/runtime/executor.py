@@ -27,8 +27,7 @@ from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
-from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepInputs, capture_segment, segment_signature,
-                                        segments)
+from jitllm.runtime.step_graphs import GraphRecord, Segment, StepInputs, capture_segment, segment_objects, segments
 
 
 @dataclass
@@ -211,50 +210,54 @@ class Executor:
     def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
-        llama = any(unit.kind.kind == "llama" for unit in segment.blocks)
-        if n == 1 and llama:  # decode: this session's input tensors on the device, rewritten in place
-            step = session.step_inputs.get(dev.name)
-            if step is None:
-                cfg = self.layout.config
-                step = session.step_inputs[dev.name] = StepInputs.on(dev, cfg.hidden, cfg.head_dim // 2)
-            step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
-            h, cos, sin, past_t = step.x, step.cos, step.sin, step.past
-        else:
-            h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
-            if llama:
-                cos = dev.upload(self._cos[past:past + n][None])
-                sin = dev.upload(self._sin[past:past + n][None])
-                past_t = dev.upload(np.array([past], np.int32))
-        if llama:
-            pages = self.pools[dev.name].pages
+        if n == 1:
+            return self._run_units(session, segment, self._step_inputs(session, dev, x, past), 1)
+        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+        step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
+                          dev.upload(np.array([past], np.int32)))
+        return self._run_units(session, segment, step, n)
+
+    def _run_units(self, session: Session, segment: Segment, step: StepInputs, n: int,
+                   call: Callable = lambda fn, *args: fn(*args)):
+        """The segment's units over `step`'s inputs, their functions launched through `call` (directly,
+        or recorded into a graph)."""
+        h = step.x
         for unit in segment.blocks:
             if unit.kind.kind == "gla":
                 h = self._recurrent_step(session, unit, h, n)
                 continue
-            table = session.tables[unit.index].tensor()
+            table = session.tables[unit.index]
+            pages, pt = table.pool.pages, table.tensor()
             program = unit.program_for(n)
-            h, k, v = program.main(h, cos, sin, pages, table, past_t, *unit.weights)
-            program.append(pages, k, v, table, past_t)
+            h, k, v = call(program.main, h, step.cos, step.sin, pages, pt, step.past, *unit.weights)
+            call(program.append, pages, k, v, pt, step.past)
         if segment.head is None:
             return h
         if n > 1:
-            h = dev.upload(h.numpy()[:, -1:])
-        return segment.head.program_for(1).main(h, *segment.head.weights)
+            h = segment.device.upload(h.numpy()[:, -1:])
+        return call(segment.head.program_for(1).main, h, *segment.head.weights)
+
+    def _step_inputs(self, session: Session, device: Device, x, past: int) -> StepInputs:
+        """The session's decode inputs on `device` (made once), holding this token's values."""
+        step = session.step_inputs.get(device.name)
+        if step is None:
+            cfg = self.layout.config
+            step = session.step_inputs[device.name] = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2)
+        step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+        return step
 
     def _replay_segment(self, session: Session, segment: Segment, x, past: int) -> tvm.runtime.Tensor:
         """One decode step of the segment as a captured graph (captured again when what it baked changed)."""
+        step = self._step_inputs(session, segment.device, x, past)
+        objects = segment_objects(session, segment)
         key = (session.id, segment.blocks[0].index if segment.blocks else HEAD)
-        inputs = (x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
         record = self._graphs.get(key)
-        if record is None or record.signature != segment_signature(session, segment):
-            self._graphs.pop(key, None)
-            record = capture_segment(segment.device.graphs, session, segment, inputs)
-            self._graphs[key] = record
+        if record is None or record.signature != tuple(map(id, objects)):
+            record = self._graphs[key] = capture_segment(
+                segment.device.graphs, objects, lambda call: self._run_units(session, segment, step, 1, call))
             if self.log:
                 self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                          f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
-        else:
-            record.inputs.feed(*inputs)
         record.graph.replay()
         return record.output
 
@@ -264,8 +267,7 @@ class Executor:
             del self._graphs[key]
 
     # -- recurrent blocks ------------------------------------------------------------------------
-    def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor | np.ndarray,
-                        n: int) -> tvm.runtime.Tensor:
+    def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor, n: int) -> tvm.runtime.Tensor:
         """Run a GLA block over `n` new tokens; its kernel folds them into the session's state in place."""
         state = session.states.get(unit.index)
         if state is None:
@@ -274,16 +276,8 @@ class Executor:
         if state.positions != session.length:
             raise JitllmError(f"session {session.id}: block {unit.index}'s recurrent state does not match its "
                               f"{session.length} positions (an earlier step failed); reset the session")
-        dev = unit.device
-        _check_fault(dev)
-        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
-        state.positions = -1  # until the step has finished
-        try:
-            y, _ = unit.program_for(n).main(h, state.tensor, *unit.weights)
-        except Exception as e:  # as in forward
-            if dev.name == HOST_NAME:
-                raise
-            raise DeviceFault(dev.name, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__) from e
+        state.positions = -1  # until the step has finished (forward reports device failures)
+        y, _ = unit.program_for(n).main(x, state.tensor, *unit.weights)
         state.positions = session.length + n
         return y
 

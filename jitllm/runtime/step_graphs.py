@@ -86,51 +86,42 @@ class StepInputs:
 @dataclass
 class GraphRecord:
     signature: tuple
-    graph: StepGraph | None
-    inputs: StepInputs
-    output: tvm.runtime.Tensor | None
+    graph: StepGraph
+    output: tvm.runtime.Tensor
     keep: list
-    """Every object the graph's addresses point into (weights, pages, tables, intermediates)."""
+    """Every object the graph's addresses point into (what the signature names, the calls' arguments and
+    results), so no id in the signature can be reused while the record lives."""
 
 
-def segment_signature(session, segment: Segment) -> tuple:
-    """Identities of what a captured step of `segment` reads and writes; any change needs a new capture."""
-    sig: list = [id(segment.device)]
+def segment_objects(session, segment: Segment) -> list:
+    """What a captured decode step of `segment` bakes in: the session's input tensors on the device and,
+    per unit, its device, weights, page pool and page-table tensor. Their ids are the record's signature:
+    any change (a move, a pool growth, a table outgrowing its room) needs a new capture."""
+    objects: list = [segment.device, session.step_inputs[segment.device.name]]
     for unit in segment.blocks:
         table = session.tables[unit.index]
-        sig += [unit.index, id(unit.device), id(unit.weights), id(table.pool.pages), id(table.tensor())]
+        objects += [unit.device, unit.weights, table.pool.pages, table.tensor()]
     if segment.head is not None:
-        sig += ["head", id(segment.head.device), id(segment.head.weights)]
-    return tuple(sig)
+        objects += [segment.head.device, segment.head.weights]
+    return objects
 
 
-def capture_segment(recorder: GraphRecorder, session, segment: Segment, inputs: tuple) -> GraphRecord:
-    """Capture one decode step of `segment` for `session` over fresh input tensors holding `inputs`
-    (x, cos, sin, past: a recorder may run the step while it captures it)."""
-    x_in, cos_in = inputs[0], inputs[1]
-    step = StepInputs.on(segment.device, x_in.shape[-1], cos_in.shape[-1])
-    step.feed(*inputs)
-    x, cos, sin, past = step.x, step.cos, step.sin, step.past
-    keep: list = []
+def capture_segment(recorder: GraphRecorder, objects: list, run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
+    """Capture `run(call)`, one decode step launching its functions through `call(fn, *args)` (a recorder
+    may also run it while capturing, so its inputs must already hold this token's values)."""
+    keep = list(objects)
 
     def body(call: Callable) -> tvm.runtime.Tensor:
-        h = x
-        for unit in segment.blocks:
-            table = session.tables[unit.index]
-            pages, pt = table.pool.pages, table.tensor()
-            program = unit.program_for(1)
-            y, k, v = call(program.main, h, cos, sin, pages, pt, past, *unit.weights)
-            call(program.append, pages, k, v, pt, past)
-            keep.extend([unit.weights, pages, pt, y, k, v])
-            h = y
-        if segment.head is not None:
-            h = call(segment.head.program_for(1).main, h, *segment.head.weights)
-            keep.extend([segment.head.weights, h])
-        return h
+        def keeping(fn: Callable, *args):
+            out = call(fn, *args)
+            keep.extend(args)
+            keep.append(out)
+            return out
 
-    signature = segment_signature(session, segment)
+        return run(keeping)
+
     graph, output = recorder.capture(body)
-    return GraphRecord(signature, graph, step, output, keep)
+    return GraphRecord(tuple(map(id, objects)), graph, output, keep)
 
 
 class ReplayRecorder:

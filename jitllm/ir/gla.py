@@ -12,7 +12,7 @@ import onnx
 
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
-from jitllm.ir.llama import _ffn, _linear, _rms_norm
+from jitllm.ir.llama import _ffn, _linear, _rms_norm, ffn_linear_shapes
 from jitllm.ir.ops import GATED_RECURRENCE, gated_recurrence_function
 
 GLA_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -27,9 +27,7 @@ def gla_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         "attn_v": (inner, cfg.hidden),
         "attn_gate": (inner, cfg.hidden),
         "attn_output": (cfg.hidden, inner),
-        "ffn_gate": (cfg.ffn, cfg.hidden),
-        "ffn_up": (cfg.ffn, cfg.hidden),
-        "ffn_down": (cfg.hidden, cfg.ffn),
+        **ffn_linear_shapes(cfg),
     }
 
 

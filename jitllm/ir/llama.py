@@ -21,6 +21,11 @@ FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ff
 """Linears that share their input, stacked along the output rows into one matrix (one matvec each)."""
 
 
+def ffn_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[out, in] of the SwiGLU feed-forward's linears, which every decoder block kind shares."""
+    return {"ffn_gate": (cfg.ffn, cfg.hidden), "ffn_up": (cfg.ffn, cfg.hidden), "ffn_down": (cfg.hidden, cfg.ffn)}
+
+
 def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """[out, in] of each linear of a decoder block."""
     q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
@@ -29,9 +34,7 @@ def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         "attn_k": (kv, cfg.hidden),
         "attn_v": (kv, cfg.hidden),
         "attn_output": (cfg.hidden, q),
-        "ffn_gate": (cfg.ffn, cfg.hidden),
-        "ffn_up": (cfg.ffn, cfg.hidden),
-        "ffn_down": (cfg.hidden, cfg.ffn),
+        **ffn_linear_shapes(cfg),
     }
 
 

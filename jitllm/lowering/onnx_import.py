@@ -36,72 +36,59 @@ def _add_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc) ->
     return bb.add_func(func, symbol)
 
 
+def _converter(impl) -> type:
+    """A converter class for TVM's ONNX frontend, which calls `get_converter(opset)(bb, inputs, attr, params)`."""
+    return type(impl.__name__, (), {"get_converter": classmethod(lambda cls, opset: impl)})
+
+
 def _linear_converter(wtype: str, target):
-    class Linear:
-        @classmethod
-        def get_converter(cls, opset):
-            return cls._impl
+    def linear(bb, inputs, attr, params):
+        x, *parts = [bb.normalize(i) for i in inputs]
+        shape = list(x.ty.shape.values)
+        lead = shape[:-1]
+        k = int(shape[-1])
+        g = int(parts[0].ty.shape.values[0])
+        n = g * ROW_GROUP
+        m = 1
+        for dim in lead:
+            m = m * (int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim)
+        static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
+        symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
+        gv = _add_kernel(bb, symbol, func)
+        # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
+        x_buf, y_buf = func.params[0], func.params[-1]
+        x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
+        y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
+        y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
+        return relax.op.reshape(y, [*lead, n])
 
-        @classmethod
-        def _impl(cls, bb, inputs, attr, params):
-            x, *parts = [bb.normalize(i) for i in inputs]
-            shape = list(x.ty.shape.values)
-            lead = shape[:-1]
-            k = int(shape[-1])
-            g = int(parts[0].ty.shape.values[0])
-            n = g * ROW_GROUP
-            m = 1
-            for dim in lead:
-                m = m * (int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim)
-            static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
-            symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
-            gv = _add_kernel(bb, symbol, func)
-            # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
-            x_buf, y_buf = func.params[0], func.params[-1]
-            x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
-            y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
-            y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
-            return relax.op.reshape(y, [*lead, n])
-
-    return Linear
+    return _converter(linear)
 
 
 def _attention_converter(kind: BlockKind, target):
-    class PagedAttention:
-        @classmethod
-        def get_converter(cls, opset):
-            return cls._impl
+    def paged_attention(bb, inputs, attr, params):
+        inputs = [bb.normalize(i) for i in inputs]
+        if kind.decode and hasattr(target, "split_attention_kernels"):
+            (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind)
+            shape = target.attention_workspace_shape(kind)
+            ws = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), inputs, relax.TensorType(shape, "float32")))
+            return relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, inputs[5]], inputs[0].ty)
+        symbol, func = target.attention_kernel(kind)
+        gv = _add_kernel(bb, symbol, func)
+        return relax.call_tir(gv, inputs, inputs[0].ty)
 
-        @classmethod
-        def _impl(cls, bb, inputs, attr, params):
-            inputs = [bb.normalize(i) for i in inputs]
-            if kind.decode and hasattr(target, "split_attention_kernels"):
-                (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind)
-                shape = target.attention_workspace_shape(kind)
-                ws = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), inputs, relax.TensorType(shape, "float32")))
-                return relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, inputs[5]], inputs[0].ty)
-            symbol, func = target.attention_kernel(kind)
-            gv = _add_kernel(bb, symbol, func)
-            return relax.call_tir(gv, inputs, inputs[0].ty)
-
-    return PagedAttention
+    return _converter(paged_attention)
 
 
 def _recurrence_converter(kind: BlockKind, target):
-    class GatedRecurrence:
-        @classmethod
-        def get_converter(cls, opset):
-            return cls._impl
+    def gated_recurrence(bb, inputs, attr, params):
+        q, k, v, a, state = [bb.normalize(i) for i in inputs]
+        symbol, func = target.recurrence_kernel(kind)
+        gv = _add_kernel(bb, symbol, func)
+        # out is fresh, state_out is the state input updated in place (no copy, no allocation)
+        return bb.emit(relax.call_tir_inplace(gv, [q, k, v, a, state], [-1, 4], [q.ty, state.ty]))
 
-        @classmethod
-        def _impl(cls, bb, inputs, attr, params):
-            q, k, v, a, state = [bb.normalize(i) for i in inputs]
-            symbol, func = target.recurrence_kernel(kind)
-            gv = _add_kernel(bb, symbol, func)
-            # out is fresh, state_out is the state input updated in place (no copy, no allocation)
-            return bb.emit(relax.call_tir_inplace(gv, [q, k, v, a, state], [-1, 4], [q.ty, state.ty]))
-
-    return GatedRecurrence
+    return _converter(gated_recurrence)
 
 
 @contextlib.contextmanager

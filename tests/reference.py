@@ -135,3 +135,20 @@ def gla_block_forward(kind: BlockKind, weights, x, state):
     g = lin("ffn_gate", h2)
     y = x2 + lin("ffn_down", g / (1 + np.exp(-g)) * lin("ffn_up", h2))
     return y.astype(np.float32), st.astype(np.float32)
+
+
+def hf_last_logits(hf, ids: list[int]) -> np.ndarray:
+    """transformers' logits for the last position of `ids`."""
+    import torch
+
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0, -1].numpy()
+
+
+def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
+    """transformers' `n` greedy tokens after `ids` (no stop token)."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)
+    return out[0, len(ids):].tolist()

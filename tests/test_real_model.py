@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import hf_greedy, hf_last_logits
 
 pytestmark = pytest.mark.slow
 
@@ -18,69 +19,28 @@ CHAT = "Why is the sky blue?"
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    from jitllm.default_model import default_gguf_path
-
-    return default_gguf_path()
-
-
-@pytest.fixture(scope="module")
-def jlm_path(gguf_path, tmp_path_factory):
-    from jitllm.convert import convert
-
-    out = tmp_path_factory.mktemp("real") / "smollm2.jlm"
-    convert(str(gguf_path), str(out), progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def model(jlm_path, cache_dir):
+def model(smollm2_jlm, cache_dir):
     from jitllm.model import load
 
-    return load(jlm_path, devices="cpu", ctx=512, cache_dir=cache_dir, cpu_kernels="exact")
-
-
-@pytest.fixture(scope="module")
-def hf(gguf_path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, torch_dtype=torch.float32)
-    return m.eval()
-
-
-def _hf_logits(hf, ids):
-    import torch
-
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0, -1].numpy()
-
-
-def _hf_greedy(hf, ids, n):
-    import torch
-
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)
-    return out[0, len(ids):].tolist()
+    return load(smollm2_jlm, devices="cpu", ctx=512, cache_dir=cache_dir, cpu_kernels="exact")
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat"])
-def test_logits_and_greedy_tokens_match_transformers(model, hf, chat):
+def test_logits_and_greedy_tokens_match_transformers(model, smollm2_hf, chat):
     ids = model.encode_prompt(CHAT if chat else PLAIN, chat=chat)
     session = model.new_session()
     ours = model.executor.forward(session, ids)
-    theirs = _hf_logits(hf, ids)
+    theirs = hf_last_logits(smollm2_hf, ids)
     assert np.abs(ours - theirs).max() < LOGIT_TOL
     n = 32
     from jitllm.runtime.sampling import Sampler, SamplingParams
     from jitllm.runtime.generation import GenerationStats, generate_ids
 
     greedy = list(generate_ids(model.executor, model.new_session(), ids, n, Sampler(SamplingParams(0.0)), set(), GenerationStats()))
-    assert greedy == _hf_greedy(hf, ids, n)
+    assert greedy == hf_greedy(smollm2_hf, ids, n)
 
 
-def test_gguf_and_safetensors_conversions_agree(hf, gguf_path, jlm_path, tmp_path, cache_dir):
+def test_gguf_and_safetensors_conversions_agree(smollm2_hf, smollm2_gguf, smollm2_jlm, tmp_path, cache_dir):
     from transformers import AutoTokenizer
 
     from jitllm.convert import convert
@@ -89,14 +49,15 @@ def test_gguf_and_safetensors_conversions_agree(hf, gguf_path, jlm_path, tmp_pat
     from safetensors.torch import save_file
 
     hf_dir = tmp_path / "hf"
+    hf = smollm2_hf
     hf.config.architectures = ["LlamaForCausalLM"]  # as every hub config has; the GGUF loader leaves it unset
     hf.config.save_pretrained(hf_dir)
     tensors = {k: v.contiguous().clone() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     save_file(tensors, str(hf_dir / "model.safetensors"))
-    AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).save_pretrained(hf_dir)
+    AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name).save_pretrained(hf_dir)
     from_hf = tmp_path / "from_hf.jlm"
     convert(str(hf_dir), str(from_hf), progress=False)
-    a = load(jlm_path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    a = load(smollm2_jlm, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     b = load(from_hf, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     ids = a.encode_prompt(CHAT, chat=True)
     assert ids == b.encode_prompt(CHAT, chat=True)

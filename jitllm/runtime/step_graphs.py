@@ -5,8 +5,8 @@ captured once per session and replayed every token: no per-block host round trip
 buffer addresses, so the record keeps every tensor it was captured with and a signature of the
 objects the step would use now (weights, page pool, page tables, device); a move, a pool growth or a
 page table outgrowing its capacity changes the signature and the segment is captured again. Inputs
-that change per token (hidden state, rope row, position) live in the record's own tensors and are
-overwritten in place before each replay.
+that change per token (hidden state, rope row, position) live in the session's per-device
+`StepInputs`, overwritten in place before each step (eager or replayed).
 
 `ReplayRecorder` is the host's stand-in for CUDA graphs: it records the calls with their tensors and
 replays them writing results back into the captured outputs, which is what fixed addresses do — so

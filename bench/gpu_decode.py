@@ -12,10 +12,27 @@ the ratios, against llama.cpp's llama-bench JSON measured in the same lease when
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
+
+
+def random_model(preset: str, wtype: str, tmp: str):
+    """(path, config) of a random-weight model; written once into $JITLLM_BENCH_MODELS when that is set
+    (a 3B model takes over a minute to write), else into `tmp`."""
+    from jitllm.random_model import PRESETS, write_random_model
+
+    keep = os.environ.get("JITLLM_BENCH_MODELS")
+    path = Path(keep or tmp) / f"{preset}-{wtype}.jlm"
+    if path.exists():
+        return path, PRESETS[preset]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    cfg = write_random_model(path, preset, wtype)
+    print(f"wrote random {preset} {wtype} in {time.perf_counter() - start:.1f}s")
+    return path, cfg
 
 
 def copy_bandwidth(device: str) -> float:
@@ -86,14 +103,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from jitllm.model import load
-    from jitllm.random_model import write_random_model
     from jitllm.speed import decode_speed, prefill_speed, table, weight_bytes
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.jlm"
-        start = time.perf_counter()
-        cfg = write_random_model(path, args.preset, args.wtype)
-        print(f"wrote random {args.preset} {args.wtype} in {time.perf_counter() - start:.1f}s")
+        path, cfg = random_model(args.preset, args.wtype, tmp)
         histories = [int(h) for h in args.histories.split(",") if h]
         ctx = max([args.pp + args.tg + 16] + [h + args.tg + 16 for h in histories])
         model = load(path, devices=args.device, ctx=ctx, cache_dir=args.cache)

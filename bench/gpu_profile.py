@@ -1,12 +1,11 @@
-"""Where a decode step's time goes on the GPU: per-kernel times of one block (TVM VM profiler) and the
-host time of a whole step. Run on the GPU machine: python3 bench/gpu_profile.py -preset llama-3.2-3b -wtype f16"""
+"""Where a decode step's time goes on the GPU: per-kernel times of one block's decode program (TVM VM
+instrument, synchronized around each call) and the host time of a whole step. Run on the GPU machine: python3 bench/gpu_profile.py -preset llama-3.2-3b -wtype f16"""
 
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import tvm
@@ -20,13 +19,12 @@ def main() -> None:
     ap.add_argument("-history", type=int, default=512)
     args = ap.parse_args()
 
+    from gpu_decode import random_model
     from jitllm.model import load
-    from jitllm.random_model import write_random_model
     from jitllm.runtime.kv_pages import PageTable
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.jlm"
-        write_random_model(path, args.preset, args.wtype)
+        path, _ = random_model(args.preset, args.wtype, tmp)
         model = load(path, devices="cuda:0", ctx=args.history + 64, cache_dir=args.cache)
     ex = model.executor
     session = ex.new_session()
@@ -39,10 +37,20 @@ def main() -> None:
         ex.forward(session, [5])
         times.append(time.perf_counter() - start)
     print(f"decode step: median {1e3 * np.median(times):.2f} ms over 10 steps")
+    if ex._graphs:
+        graph = next(iter(ex._graphs.values())).graph
+        replays = []
+        for _ in range(10):
+            start = time.perf_counter()
+            graph.replay()
+            replays.append(time.perf_counter() - start)
+        print(f"its captured graph alone (every block and the head on the GPU, then a sync): median "
+              f"{1e3 * np.median(replays):.2f} ms; the rest of the step is host work")
     unit = ex.blocks[0]
     from jitllm.lowering.cache import get_artifact
 
-    artifact = get_artifact(unit.kind, unit.device.target, args.cache)
+    kind = ex.kind_on(0, dev).decode_variant() if unit.decode_program is not None else ex.kind_on(0, dev)
+    artifact = get_artifact(kind, unit.device.target, args.cache)
     vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device)
     spent: dict[str, list[float]] = {}
     clock = {}
@@ -62,12 +70,13 @@ def main() -> None:
     sin = dev.upload(ex._sin[past:past + 1][None])
     past_t = dev.upload(np.array([past], np.int32))
     call = (x, cos, sin, ex.pools[dev.name].pages, table.tensor(), past_t, *unit.weights)
+    program = unit.program_for(1)
     for _ in range(3):
-        unit.program.main(*call)
+        program.main(*call)
     dev.synchronize()
     start = time.perf_counter()
     for _ in range(20):
-        unit.program.main(*call)
+        program.main(*call)
     dev.synchronize()
     print(f"one block main(): {1e6 * (time.perf_counter() - start) / 20:.1f} us (async launches + sync)")
     vm.set_instrument(instrument)
@@ -77,6 +86,30 @@ def main() -> None:
     print("per call (synchronized, median), calls per block, function:")
     for t, count, name in rows[:25]:
         print(f"  {1e6 * t:8.1f} us  x{count:<3} {name}")
+    kernels: list[tuple[str, object, tuple]] = []
+
+    def collect(func, name, before, ret, *call_args):
+        if before and not str(name).startswith("vm.builtin"):
+            kernels.append((str(name), func, call_args))
+        return 0
+
+    vm.set_instrument(collect)
+    vm["main"](*call)
+    from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
+
+    reps = 50
+    recorder = CudaGraphRecorder(dev.tvm_device, "profile")
+    print(f"GPU time per kernel ({reps} launches of it captured in one CUDA graph, no host in between):")
+    total = 0.0
+    for name, func, call_args in kernels:
+        graph, _ = recorder.capture(lambda launch: [launch(func, *call_args) for _ in range(reps)])
+        graph.replay()
+        start = time.perf_counter()
+        graph.replay()
+        spent_us = 1e6 * (time.perf_counter() - start) / reps
+        total += spent_us
+        print(f"  {spent_us:8.2f} us  {name}")
+    print(f"  {total:8.2f} us  sum over the block's kernels")
 
 
 if __name__ == "__main__":

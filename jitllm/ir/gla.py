@@ -13,7 +13,7 @@ import onnx
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
 from jitllm.ir.llama import _ffn, _linear, _rms_norm, ffn_linear_shapes
-from jitllm.ir.ops import GATED_RECURRENCE, gated_recurrence_function
+from jitllm.ir.ops import GATED_RECURRENCE
 
 GLA_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -41,7 +41,7 @@ def state_shape(cfg: ModelConfig, batch: int = 1) -> tuple[int, int, int, int]:
     return (batch, cfg.heads, cfg.head_dim, cfg.head_dim)
 
 
-def gla_body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> tuple[list[onnx.ValueInfoProto], list[onnx.FunctionProto]]:
+def gla_body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
     """Nodes of the GLA block into `g` (inputs x, state and the weights); its outputs y and state_out."""
     c = kind.config
     q_spec, k_spec, v_spec, gate_spec, o_spec, ffn_gate, ffn_up, ffn_down = kind.linears
@@ -60,4 +60,4 @@ def gla_body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> tuple[list[onnx.V
         tensor_info("y", "float32", (*lead, c.hidden)),
         tensor_info("state_out", "float32", (lead[0], c.heads, c.head_dim, c.head_dim)),
     ]
-    return outputs, [gated_recurrence_function()]
+    return outputs

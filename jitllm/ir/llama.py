@@ -14,7 +14,8 @@ from onnx import helper
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
 from jitllm.ir.layouts import weight_parts
-from jitllm.ir.ops import PAGED_ATTENTION, linear_function, linear_op, paged_attention_function
+from jitllm.ir.ops import (LINEAR_ADD, NORM_LINEAR, PAGED_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, functions_for,
+                           linear_op, rms_norm)
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
@@ -82,14 +83,28 @@ def activation_inputs(kind: BlockKind) -> list[tuple[str, tuple, str]]:
 
 
 def _rms_norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
-    mean = g.op("ReduceMean", g.op("Mul", x, x), g.const([-1]), keepdims=1)
-    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", mean, g.const(eps, "float32"))))
-    return g.op("Mul", g.op("Mul", x, inv), weight)
+    return rms_norm(g, x, weight, g.const(eps, "float32"))
+
+
+def _parts(spec: LinearSpec) -> list[str]:
+    return [name for name, _, _ in _linear_inputs(spec)]
 
 
 def _linear(g: GraphBuilder, x: str, spec: LinearSpec) -> str:
-    parts = [name for name, _, _ in _linear_inputs(spec)]
-    return g.op(linear_op(spec.wtype), x, *parts, domain=DOMAIN)
+    return g.op(linear_op(spec.wtype), x, *_parts(spec), domain=DOMAIN)
+
+
+def _norm_linear(g: GraphBuilder, x: str, norm: str, eps: float, spec: LinearSpec, fold: bool) -> str:
+    """Linear(RMSNorm(x) * norm): one op when `fold` (decode variants), else the norm's ops and a Linear."""
+    if not fold:
+        return _linear(g, _rms_norm(g, x, norm, eps), spec)
+    return g.op(linear_op(spec.wtype, NORM_LINEAR), x, norm, g.const(eps, "float32"), *_parts(spec), domain=DOMAIN)
+
+
+def _linear_add(g: GraphBuilder, x: str, spec: LinearSpec, residual: str, fold: bool) -> str:
+    if not fold:
+        return g.op("Add", residual, _linear(g, x, spec))
+    return g.op(linear_op(spec.wtype, LINEAR_ADD), x, residual, *_parts(spec), domain=DOMAIN)
 
 
 def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str) -> str:
@@ -102,13 +117,16 @@ def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str
 
 
 def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spec: LinearSpec | None,
-         down_spec: LinearSpec) -> str:
+         down_spec: LinearSpec, fold: bool = False) -> str:
     """x2 + SwiGLU(RMSNorm(x2)): the feed-forward half every decoder block kind shares. Without
-    `up_spec`, `gate_spec` is the fused gate/up matrix."""
-    h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
+    `up_spec`, `gate_spec` is the fused gate/up matrix. `fold` (fused matrices only): as folded ops."""
     if up_spec is None:
-        gate, up = g.op("Split", _linear(g, h2, gate_spec), g.const([c.ffn, c.ffn]), axis=-1, outputs=2)
+        gate_up = _norm_linear(g, x2, "ffn_norm", c.rms_eps, gate_spec, fold)
+        if fold:
+            return g.op(linear_op(down_spec.wtype, SWIGLU_LINEAR_ADD), gate_up, x2, *_parts(down_spec), domain=DOMAIN)
+        gate, up = g.op("Split", gate_up, g.const([c.ffn, c.ffn]), axis=-1, outputs=2)
     else:
+        h2 = _rms_norm(g, x2, "ffn_norm", c.rms_eps)
         gate, up = _linear(g, h2, gate_spec), _linear(g, h2, up_spec)
     act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
     return g.op("Add", x2, _linear(g, act, down_spec))
@@ -130,30 +148,38 @@ def fused_kind(kind: BlockKind) -> BlockKind:
 
 
 def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
-    """The ONNX model of one block kind."""
+    """The ONNX model of one block kind. Decode variants fold norms, residual adds, SwiGLU and rotary
+    embedding into the linears' ops (jitllm.ir.ops); the general kind keeps them as standard ops."""
     c = kind.config
     g = GraphBuilder()
     lead = (1, 1) if kind.decode else ("batch", "seq")
+    fold = kind.decode and (kind.kind == "head" or len(kind.linears) == 4)  # decode variant of a fused kind
     outputs: list[onnx.ValueInfoProto]
     if kind.kind == "llama":
-        h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
-        cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
-        sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
+        q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
         if len(kind.linears) == 4:  # fused_kind
             qkv_spec, o_spec, gate_spec, down_spec = kind.linears
             up_spec = None
-            q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
-            q, k, v = g.op("Split", _linear(g, h, qkv_spec), g.const([q_dim, kv_dim, kv_dim]), axis=-1, outputs=3)
+            qkv = _norm_linear(g, "x", "attn_norm", c.rms_eps, qkv_spec, fold)
+            split = g.const([q_dim, kv_dim, kv_dim])
+            if fold:
+                q, k, v = g.op(ROTARY_QKV, qkv, "cos", "sin", split, outputs=3, domain=DOMAIN)
+            else:
+                q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
         else:
             q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
+            h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
             q, k, v = _linear(g, h, q_spec), _linear(g, h, k_spec), _linear(g, h, v_spec)
-        q = _rope(g, q, c.heads, c.head_dim, cos, sin)
-        k = _rope(g, k, c.kv_heads, c.head_dim, cos, sin)
-        v = g.op("Reshape", v, g.const([0, 0, c.kv_heads, c.head_dim]))
+        if not fold:
+            cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
+            sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
+            q = _rope(g, q, c.heads, c.head_dim, cos, sin)
+            k = _rope(g, k, c.kv_heads, c.head_dim, cos, sin)
+            v = g.op("Reshape", v, g.const([0, 0, c.kv_heads, c.head_dim]))
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
-        attn = g.op("Reshape", attn, g.const([0, 0, c.heads * c.head_dim]))
-        x2 = g.op("Add", "x", _linear(g, attn, o_spec))
-        g.rename(_ffn(g, x2, c, gate_spec, up_spec, down_spec), "y")
+        attn = g.op("Reshape", attn, g.const([0, 0, q_dim]))
+        x2 = _linear_add(g, attn, o_spec, "x", fold)
+        g.rename(_ffn(g, x2, c, gate_spec, up_spec, down_spec, fold), "y")
         g.rename(k, "k_new")
         g.rename(v, "v_new")
         outputs = [
@@ -161,24 +187,20 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
             tensor_info("k_new", "float32", (*lead, c.kv_heads, c.head_dim)),
             tensor_info("v_new", "float32", (*lead, c.kv_heads, c.head_dim)),
         ]
-        functions = [paged_attention_function()]
     elif kind.kind == "gla":
         from jitllm.ir.gla import gla_body  # gla.py builds on this module's helpers
 
-        outputs, functions = gla_body(g, kind, lead)
+        outputs = gla_body(g, kind, lead)
     else:
         (head_spec,) = kind.linears
-        g.rename(_linear(g, _rms_norm(g, "x", "output_norm", c.rms_eps), head_spec), "logits")
+        g.rename(_norm_linear(g, "x", "output_norm", c.rms_eps, head_spec, fold), "logits")
         outputs = [tensor_info("logits", "float32", (*lead, head_spec.out_features))]
-        functions = []
-    wtypes = sorted({spec.wtype for spec in kind.linears})
-    functions += [linear_function(w, len(weight_parts(w, 8, 32))) for w in wtypes]
     inputs = [tensor_info(n, d, s) for n, s, d in activation_inputs(kind) + weight_inputs(kind)]
     graph = helper.make_graph(g.nodes, f"jitllm_{kind.kind}", inputs, outputs)
     return helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-        functions=functions,
+        functions=functions_for(g.nodes),
         producer_name="jitllm",
         ir_version=9,
     )

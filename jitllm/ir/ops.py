@@ -14,6 +14,16 @@ KV pool directly.
   D x D state folded over the S tokens in order, S_t = diag(a_t) S_{t-1} + k_t^T v_t, out_t = q_t S_t
   (gated linear attention; `a` in (0, 1) is the per-key-dimension decay). The TVM lowering updates
   `state` in place and returns it as `state_out`.
+
+Decode variants (BlockKind.decode) fold the small ops around each linear into it, so a GPU target runs
+one kernel where there were three or four (each GPU kernel costs a few µs however small; DESIGN.md §3);
+targets without fused kernels lower them as their parts:
+- `RmsNormLinear_<wtype>(x, norm_weight, eps, *parts)`: Linear(x / sqrt(mean(x²) + eps) * norm_weight).
+- `LinearAdd_<wtype>(x, residual, *parts)`: Linear(x) + residual.
+- `SwiGLULinearAdd_<wtype>(gate_up, residual, *parts)`: Linear(silu(gate) * up) + residual, where gate and
+  up are the two halves of gate_up's last axis.
+- `RotaryQKV(qkv[B,S,(H+2Hkv)*D], cos[B,S,D/2], sin, split[3] i64) -> q[B,S,H,D], k, v`: the fused
+  projection split into q, k, v (sizes `split`), with interleaved-pair rotary embedding on q and k.
 """
 
 from __future__ import annotations
@@ -25,10 +35,34 @@ from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 
 PAGED_ATTENTION = "PagedAttention"
 GATED_RECURRENCE = "GatedRecurrence"
+ROTARY_QKV = "RotaryQKV"
+LINEAR = "Linear"
+NORM_LINEAR = "RmsNormLinear"
+LINEAR_ADD = "LinearAdd"
+SWIGLU_LINEAR_ADD = "SwiGLULinearAdd"
+LINEAR_FAMILIES = (LINEAR, NORM_LINEAR, LINEAR_ADD, SWIGLU_LINEAR_ADD)
+"""Ops that end in a linear layer; each is one op per weight type, named `<family>_<wtype>`."""
+_EXTRA_INPUTS = {LINEAR: [], NORM_LINEAR: ["norm_weight", "eps"], LINEAR_ADD: ["residual"],
+                 SWIGLU_LINEAR_ADD: ["residual"]}
 
 
-def linear_op(wtype: str) -> str:
-    return f"Linear_{wtype}"
+def linear_op(wtype: str, family: str = LINEAR) -> str:
+    return f"{family}_{wtype}"
+
+
+def split_linear_op(op_type: str) -> tuple[str, str] | None:
+    """(family, wtype) of a linear-family op name, else None."""
+    for family in LINEAR_FAMILIES:
+        if op_type.startswith(family + "_"):
+            return family, op_type[len(family) + 1:]
+    return None
+
+
+def rms_norm(g: GraphBuilder, x: str, weight: str, eps: str) -> str:
+    """x / sqrt(mean(x²) + eps) * weight over the last axis (`eps`: a float32 scalar value)."""
+    mean = g.op("ReduceMean", g.op("Mul", x, x), g.const([-1]), keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", mean, eps)))
+    return g.op("Mul", g.op("Mul", x, inv), weight)
 
 
 def _function(name: str, inputs: list[str], outputs: list[str], g: GraphBuilder) -> onnx.FunctionProto:
@@ -58,12 +92,43 @@ def _dequantize(g: GraphBuilder, wtype: str, parts: list[str]) -> str:
     return g.op("Flatten", g.op("Transpose", w, perm=[0, 3, 1, 2]), axis=2)
 
 
-def linear_function(wtype: str, num_parts: int) -> onnx.FunctionProto:
+def linear_function(wtype: str, num_parts: int, family: str = LINEAR) -> onnx.FunctionProto:
     g = GraphBuilder("lin_")
     parts = [f"p{i}" for i in range(num_parts)]
+    x = "x"
+    if family == NORM_LINEAR:
+        x = rms_norm(g, x, "norm_weight", "eps")
+    elif family == SWIGLU_LINEAR_ADD:
+        gate, up = g.op("Split", x, outputs=2, axis=-1, num_outputs=2)
+        x = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
     w = _dequantize(g, wtype, parts)
-    g.rename(g.op("MatMul", "x", g.op("Transpose", w, perm=[1, 0])), "y")
-    return _function(linear_op(wtype), ["x", *parts], ["y"], g)
+    y = g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0]))
+    if family in (LINEAR_ADD, SWIGLU_LINEAR_ADD):
+        y = g.op("Add", y, "residual")
+    g.rename(y, "y")
+    return _function(linear_op(wtype, family), ["x", *_EXTRA_INPUTS[family], *parts], ["y"], g)
+
+
+def rotary_qkv_function() -> onnx.FunctionProto:
+    g = GraphBuilder("rot_")
+    q, k, v = g.op("Split", "qkv", "split", axis=-1, outputs=3)
+    half = g.op("Shape", "cos", start=2)  # [D/2]
+    head_dim = g.op("Mul", half, g.const([2]))
+    heads_shape = g.op("Concat", g.const([0, 0, -1]), head_dim, axis=0)
+    cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
+    sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
+
+    def rope(x: str) -> str:
+        pairs = g.op("Reshape", x, g.op("Concat", g.const([0, 0, -1]), half, g.const([2]), axis=0))
+        x0, x1 = g.op("Split", pairs, g.const([1, 1]), axis=-1, outputs=2)
+        out0 = g.op("Sub", g.op("Mul", x0, cos), g.op("Mul", x1, sin))
+        out1 = g.op("Add", g.op("Mul", x0, sin), g.op("Mul", x1, cos))
+        return g.op("Reshape", g.op("Concat", out0, out1, axis=-1), heads_shape)
+
+    g.rename(rope(q), "q")
+    g.rename(rope(k), "k")
+    g.rename(g.op("Reshape", v, heads_shape), "v")
+    return _function(ROTARY_QKV, ["qkv", "cos", "sin", "split"], ["q", "k", "v"], g)
 
 
 def paged_attention_function() -> onnx.FunctionProto:
@@ -133,3 +198,22 @@ def gated_recurrence_function() -> onnx.FunctionProto:
     g.rename(out, "out")
     g.rename(state, "state_out")
     return _function(GATED_RECURRENCE, ["q", "k", "v", "a", "state"], ["out", "state_out"], g)
+
+
+def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
+    """The model-local functions that a graph's jitllm-domain nodes call, one per op type."""
+    from jitllm.ir.layouts import weight_parts
+
+    others = {PAGED_ATTENTION: paged_attention_function, GATED_RECURRENCE: gated_recurrence_function,
+              ROTARY_QKV: rotary_qkv_function}
+    functions: dict[str, onnx.FunctionProto] = {}
+    for node in nodes:
+        if node.domain != DOMAIN or node.op_type in functions:
+            continue
+        linear = split_linear_op(node.op_type)
+        if linear:
+            family, wtype = linear
+            functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, 8, 32)), family)
+        else:
+            functions[node.op_type] = others[node.op_type]()
+    return list(functions.values())

@@ -39,6 +39,17 @@ class CudaTarget:
 
         return linear_kernel(wtype, n, k, rows)
 
+    def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
+        """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""
+        from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
+
+        return gemv_kernel(wtype, n, k, family, eps)
+
+    def rotary_kernel(self, kind):
+        from jitllm.lowering.kernels_gpu import rotary_kernel
+
+        return rotary_kernel(kind)
+
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import attention_kernel
 

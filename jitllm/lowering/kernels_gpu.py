@@ -184,3 +184,33 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 pages[page, 1, h, pos % P, dd] = v[b, s, h, dd]
 
     return symbol, f.with_attr("global_symbol", symbol)
+
+
+def rotary_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """RotaryQKV for one token (decode variants): one thread block per head of the fused projection,
+    one thread per (x[2i], x[2i+1]) pair; q and k heads are rotated, v heads copied."""
+    c = kind.config
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    HALF = D // 2
+    symbol = f"jl_gpu_rotary_qkv_h{H}_kv{HKV}_d{D}"
+
+    @T.prim_func
+    def f(qkv: T.Buffer((1, (H + 2 * HKV) * D), "float32"), cos: T.Buffer((1, HALF), "float32"),
+          sin: T.Buffer((1, HALF), "float32"), q: T.Buffer((1, 1, H, D), "float32"),
+          k: T.Buffer((1, 1, HKV, D), "float32"), v: T.Buffer((1, 1, HKV, D), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        for h in T.thread_binding(H + 2 * HKV, thread="blockIdx.x"):
+            for i in T.thread_binding(HALF, thread="threadIdx.x"):
+                a: T.let = qkv[0, h * D + 2 * i]
+                b: T.let = qkv[0, h * D + 2 * i + 1]
+                if h < H:
+                    q[0, 0, h, 2 * i] = a * cos[0, i] - b * sin[0, i]
+                    q[0, 0, h, 2 * i + 1] = a * sin[0, i] + b * cos[0, i]
+                elif h < H + HKV:
+                    k[0, 0, h - H, 2 * i] = a * cos[0, i] - b * sin[0, i]
+                    k[0, 0, h - H, 2 * i + 1] = a * sin[0, i] + b * cos[0, i]
+                else:
+                    v[0, 0, h - H - HKV, 2 * i] = a
+                    v[0, 0, h - H - HKV, 2 * i + 1] = b
+
+    return symbol, f.with_attr("global_symbol", symbol)

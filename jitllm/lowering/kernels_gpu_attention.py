@@ -18,6 +18,7 @@ from jitllm.ir.config import BlockKind
 CHUNKS = 64  # chunks per KV head
 TILE = 32  # positions per shared-memory tile
 NT = 128  # threads per block
+SPLIT = 4  # threads per score (each sums D / SPLIT products: short dependency chains)
 NEG = -3.0e38
 
 
@@ -39,7 +40,10 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     scale = 1.0 / (D ** 0.5)
     QLOAD = (G * D + NT - 1) // NT
     KLOAD = (TILE * D + NT - 1) // NT
-    SCORES = (G * TILE + NT - 1) // NT
+    DS = D // SPLIT
+    PAIRS = G * TILE  # (query head, position) scores per tile
+    SCORES = (PAIRS * SPLIT + NT - 1) // NT
+    SUMS = (PAIRS + NT - 1) // NT
     ACC = (G * D + NT - 1) // NT
     symbol = f"jl_gpu_split_attention_partial_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
 
@@ -55,8 +59,11 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         for blk in T.thread_binding(HKV * CHUNKS, thread="blockIdx.x"):
             for tx in T.thread_binding(NT, thread="threadIdx.x"):
                 q_sh = T.alloc_buffer((G, D), "float32", scope="shared")
-                k_sh = T.alloc_buffer((TILE, D + 1), "float32", scope="shared")  # +1: no bank conflicts
+                # K rows padded to D + 1 floats, flat so buffer compaction keeps the padding: the score
+                # loop's lanes read one row each, and the padding puts those rows in different banks.
+                k_sh = T.alloc_buffer((TILE * (D + 1),), "float32", scope="shared")
                 v_sh = T.alloc_buffer((TILE, D), "float32", scope="shared")
+                sc4 = T.alloc_buffer((SPLIT * PAIRS,), "float32", scope="shared")  # partial dot products
                 sc = T.alloc_buffer((G, TILE), "float32", scope="shared")  # scores
                 pr = T.alloc_buffer((G, TILE), "float32", scope="shared")  # their exponentials
                 resc = T.alloc_buffer((G,), "float32", scope="shared")  # each head's accumulator rescale
@@ -70,62 +77,75 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
                 start: T.let = chunk * per
                 end: T.let = T.min(start + per, total)
-                for i in T.serial(QLOAD):
+                for i in T.unroll(QLOAD):
                     e: T.let = i * NT + tx
                     if e < G * D:
                         q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(scale)
                 run[0] = T.float32(NEG)
                 run[1] = T.float32(0)
-                for i in T.serial(ACC):
+                for i in T.unroll(ACC):
                     acc[i] = T.float32(0)
                 T.tvm_storage_sync("shared")
                 for tile in T.serial(T.max(end - start + TILE - 1, 0) // TILE):
                     base: T.let = start + tile * TILE
-                    for i in T.serial(KLOAD):
+                    for i in T.unroll(KLOAD):
+                        # Loads from always-valid addresses (position clamped into the history), selected
+                        # afterwards: no branch between them, so a thread's loads are all in flight at once.
                         e: T.let = i * NT + tx
                         r: T.let = e // D
                         col: T.let = e % D
                         t: T.let = base + r
-                        if e < TILE * D and t < end:
-                            if t < n:
-                                page: T.let = pt[0, t // P]
-                                k_sh[r, col] = pages[page, 0, kv, t % P, col]
-                                v_sh[r, col] = pages[page, 1, kv, t % P, col]
-                            else:
-                                k_sh[r, col] = k[0, 0, kv, col]
-                                v_sh[r, col] = v[0, 0, kv, col]
-                        elif e < TILE * D:  # masked rows: zeros, not stale shared memory (0 * NaN)
-                            k_sh[r, col] = T.float32(0)
-                            v_sh[r, col] = T.float32(0)
+                        tc: T.let = T.max(T.min(t, n - 1), 0)
+                        page: T.let = pt[0, tc // P]
+                        k_old: T.let = pages[page, 0, kv, tc % P, col]
+                        v_old: T.let = pages[page, 1, kv, tc % P, col]
+                        k_new: T.let = k[0, 0, kv, col]
+                        v_new: T.let = v[0, 0, kv, col]
+                        # rows past `end` are zeros, not stale shared memory (0 * NaN)
+                        k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
+                        v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
                     T.tvm_storage_sync("shared")
-                    for i in T.serial(SCORES):
+                    for i in T.unroll(SCORES):
+                        # item e: part e // PAIRS of the dot product of pair e % PAIRS; a warp's lanes take
+                        # consecutive positions of one part, so their K rows fall in different banks
                         e: T.let = i * NT + tx
-                        if e < G * TILE:
+                        if e < PAIRS * SPLIT:
+                            part: T.let = e // PAIRS
+                            g: T.let = e % PAIRS // TILE
+                            r: T.let = e % TILE
                             tmp[0] = T.float32(0)
-                            for dd in T.serial(D):
-                                tmp[0] = tmp[0] + q_sh[e // TILE, dd] * k_sh[e % TILE, dd]
+                            for dd in T.unroll(DS):
+                                tmp[0] = tmp[0] + q_sh[g, part * DS + dd] * k_sh[r * (D + 1) + part * DS + dd]
+                            sc4[e] = tmp[0]
+                    T.tvm_storage_sync("shared")
+                    for i in T.unroll(SUMS):
+                        e: T.let = i * NT + tx
+                        if e < PAIRS:
+                            tmp[0] = T.float32(0)
+                            for part in T.unroll(SPLIT):
+                                tmp[0] = tmp[0] + sc4[part * PAIRS + e]
                             sc[e // TILE, e % TILE] = T.if_then_else(base + e % TILE < end, tmp[0], T.float32(NEG))
                     T.tvm_storage_sync("shared")
                     if tx < G:
                         tmp[0] = run[0]
-                        for r in T.serial(TILE):
+                        for r in T.unroll(TILE):
                             tmp[0] = T.max(tmp[0], sc[tx, r])
                         tmp[1] = T.float32(0)
-                        for r in T.serial(TILE):
+                        for r in T.unroll(TILE):
                             pr[tx, r] = T.exp(sc[tx, r] - tmp[0])
                             tmp[1] = tmp[1] + T.exp(sc[tx, r] - tmp[0])
                         resc[tx] = T.exp(run[0] - tmp[0])
                         run[1] = run[1] * T.exp(run[0] - tmp[0]) + tmp[1]
                         run[0] = tmp[0]
                     T.tvm_storage_sync("shared")
-                    for i in T.serial(ACC):
+                    for i in T.unroll(ACC):
                         e: T.let = i * NT + tx
                         if e < G * D:
                             acc[i] = acc[i] * resc[e // D]
-                            for r in T.serial(TILE):
+                            for r in T.unroll(TILE):
                                 acc[i] = acc[i] + pr[e // D, r] * v_sh[r, e % D]
                     T.tvm_storage_sync("shared")
-                for i in T.serial(ACC):
+                for i in T.unroll(ACC):
                     e: T.let = i * NT + tx
                     if e < G * D:
                         ws[kv, chunk, e // D, e % D] = acc[i]
@@ -154,15 +174,21 @@ def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 total: T.let = past[0] + 1
                 per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
                 used: T.let = (total + per - 1) // per  # the chunks the partial kernel filled
+                # Every chunk's slot is read (the workspace holds them all; unused ones are stale) and
+                # the unused masked after the load: no branch between loads, so they overlap.
                 st[0] = T.float32(NEG)
-                for ch in T.serial(used):
-                    st[0] = T.max(st[0], ws[kv, ch, g, D])
+                for ch in T.unroll(CHUNKS):
+                    m: T.let = ws[kv, ch, g, D]
+                    st[0] = T.max(st[0], T.Select(ch < used, m, T.float32(NEG)))
                 st[1] = T.float32(0)
                 st[2] = T.float32(0)
-                for ch in T.serial(used):
-                    w: T.let = T.exp(ws[kv, ch, g, D] - st[0])
-                    st[1] = st[1] + w * ws[kv, ch, g, tx]
-                    st[2] = st[2] + w * ws[kv, ch, g, D + 1]
+                for ch in T.unroll(CHUNKS):
+                    m: T.let = ws[kv, ch, g, D]
+                    a: T.let = ws[kv, ch, g, tx]
+                    d: T.let = ws[kv, ch, g, D + 1]
+                    w: T.let = T.exp(T.Select(ch < used, m, T.float32(NEG)) - st[0])
+                    st[1] = st[1] + T.Select(ch < used, w * a, T.float32(0))
+                    st[2] = st[2] + T.Select(ch < used, w * d, T.float32(0))
                 out[0, 0, h, tx] = st[1] / st[2]
 
     return symbol, f.with_attr("global_symbol", symbol)

@@ -6,22 +6,55 @@ warp reads one contiguous stretch of the group's bytes per step and every row gr
 block of loads in flight. Each thread keeps R partial sums in registers; they meet in shared memory
 in two stages (8 threads, then the rest) and threads 0..R-1 write the R outputs. The row-interleaved
 layouts keep a group's bytes contiguous, so the whole matrix streams once.
+
+Folded variants (jitllm.ir.ops: RmsNormLinear, LinearAdd, SwiGLULinearAdd) do the small ops around the
+matvec in the same kernel: every input element is read once per thread block, so SwiGLU and the norm
+weight apply as it is read; the norm's sum of squares accumulates beside the dot products and its
+1/RMS factor scales the finished sums (the matvec is linear); the residual is added as rows are stored.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
 
 R = ROW_GROUP
 
 
-def gemv_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc]:
-    symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}"
+@dataclass(frozen=True)
+class Fold:
+    """What a matvec kernel does besides y = W x (see the module docstring)."""
+
+    norm: bool = False
+    swiglu: bool = False
+    residual: bool = False
+    eps: float = 0.0
+
+    @classmethod
+    def of(cls, family: str, eps: float = 0.0) -> "Fold":
+        return {LINEAR: cls(), NORM_LINEAR: cls(norm=True, eps=eps), LINEAR_ADD: cls(residual=True),
+                SWIGLU_LINEAR_ADD: cls(swiglu=True, residual=True)}[family]
+
+
+def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc]:
+    """The kernel's parameters: x [1, K] ([1, 2K] gate then up for SwiGLU), the norm weight [K] (norm
+    only), the weight parts, the residual [1, N/R, R] (residual only), y [1, N/R, R]."""
+    fold = Fold.of(family, eps)
+    symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + ("" if family == LINEAR else f"_{family.lower()}")
+    if fold.norm:
+        symbol += f"_eps{np.float32(eps).view(np.uint32):08x}"  # float bits: symbols take no '.' or '-'
     factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
-    return symbol, factory(wtype, n // R, k).with_attr("global_symbol", symbol)
+    func = factory(wtype, n // R, k, fold)
+    unused = {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
+    func = tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type,
+                             func.attrs)
+    return symbol, func.with_attr("global_symbol", symbol)
 
 
 def _threads(items: int) -> int:
@@ -39,67 +72,111 @@ def _zero(acc):
 
 
 @T.macro
-def _block_sum_and_store(part, part2, acc, t, g, y, NT):
-    """Each thread's R partial sums -> shared memory -> sums of 8 threads -> threads 0..R-1 store rows."""
+def _input(xv, i, ss, x, nw, kk, K, norm, swiglu):
+    """xv[i] = the matvec's input at column kk: x, or silu(gate) * up; times the norm weight, with its
+    square added to the sum of squares first."""
+    if swiglu:
+        xv[i] = x[0, kk] / (T.float32(1) + T.exp(T.float32(0) - x[0, kk])) * x[0, K + kk]
+    else:
+        xv[i] = x[0, kk]
+    if norm:
+        ss[0] = ss[0] + xv[i] * xv[i]
+        xv[i] = xv[i] * nw[kk]
+
+
+@T.macro
+def _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold):
+    """Each thread's R partial sums -> shared memory -> sums of 8 threads -> threads 0..R-1 store rows
+    (the sum of squares takes the same two stages)."""
     for r in T.serial(R):
         part[t, r] = acc[r]
+    if fold.norm:
+        pss[t] = ss[0]
     T.tvm_storage_sync("shared")
     acc[0] = T.float32(0)
     for i in T.serial(R):
         acc[0] = acc[0] + part[t // R * R + i, t % R]
     part2[t // R, t % R] = acc[0]
+    if fold.norm:
+        if t % R == 0:
+            ss[0] = T.float32(0)
+            for i in T.serial(R):
+                ss[0] = ss[0] + pss[t + i]
+            pss2[t // R] = ss[0]
     T.tvm_storage_sync("shared")
     if t < R:
         acc[1] = T.float32(0)
         for c in T.serial(NT // R):
             acc[1] = acc[1] + part2[c, t]
+        if fold.norm:
+            acc[2] = T.float32(0)
+            for c in T.serial(NT // R):
+                acc[2] = acc[2] + pss2[c]
+            acc[1] = acc[1] / T.sqrt(acc[2] / T.float32(K) + T.float32(fold.eps))
+        if fold.residual:
+            acc[1] = acc[1] + res[0, g, t]
         y[0, g, t] = acc[1]
 
 
-def _float(wtype: str, G: int, K: int):
+def _float(wtype: str, G: int, K: int, fold: Fold):
     wdtype = "float32" if wtype == "f32" else "float16"
     NT = _threads(K)
     STEPS = (K + NT - 1) // NT
+    XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
-    def f(x: T.Buffer((1, K), "float32"), w: T.Buffer((G, K, R), wdtype), y: T.Buffer((1, G, R), "float32")):
+    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
+          res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         for g in T.thread_binding(G, thread="blockIdx.x"):
             for t in T.thread_binding(NT, thread="threadIdx.x"):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
+                pss = T.alloc_buffer((NT,), "float32", scope="shared")
+                pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                ss = T.alloc_buffer((1,), "float32", scope="local")
+                xv = T.alloc_buffer((2,), "float32", scope="local")
                 wl = T.alloc_buffer((R,), wdtype, scope="local")
                 _zero(acc)
+                ss[0] = T.float32(0)
                 for step in T.unroll(STEPS):
                     kk: T.let = step * NT + t
                     if kk < K:
                         for r in T.vectorized(R):  # one 16-byte load (f16) of the column's 8 rows
                             wl[r] = w[g, kk, r]
+                        _input(xv, 0, ss, x, nw, kk, K, fold.norm, fold.swiglu)
                         for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", wl[r]) * x[0, kk]
-                _block_sum_and_store(part, part2, acc, t, g, y, NT)
+                            acc[r] = acc[r] + T.Cast("float32", wl[r]) * xv[0]
+                _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
 
     return f
 
 
-def _q8_0(wtype: str, G: int, K: int):
+def _q8_0(wtype: str, G: int, K: int, fold: Fold):
     NB = K // QUANT_BLOCK
     NT = _threads(NB * 32)
     STEPS = (NB * 32 + NT - 1) // NT
+    XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
-    def f(x: T.Buffer((1, NB, 32), "float32"), qs: T.Buffer((G, NB, 32, R), "int8"),
-          d: T.Buffer((G, NB, R), "float16"), y: T.Buffer((1, G, R), "float32")):
+    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 32, R), "int8"),
+          d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
+          y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         for g in T.thread_binding(G, thread="blockIdx.x"):
             for t in T.thread_binding(NT, thread="threadIdx.x"):
                 part = T.alloc_buffer((NT, R), "float32", scope="shared")
                 part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
+                pss = T.alloc_buffer((NT,), "float32", scope="shared")
+                pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
                 acc = T.alloc_buffer((R,), "float32", scope="local")
+                ss = T.alloc_buffer((1,), "float32", scope="local")
+                xv = T.alloc_buffer((2,), "float32", scope="local")
                 ql = T.alloc_buffer((R,), "int8", scope="local")
                 dl = T.alloc_buffer((R,), "float16", scope="local")
                 _zero(acc)
+                ss[0] = T.float32(0)
                 for step in T.unroll(STEPS):
                     e: T.let = step * NT + t
                     if e < NB * 32:
@@ -107,72 +184,100 @@ def _q8_0(wtype: str, G: int, K: int):
                             ql[r] = qs[g, e // 32, e % 32, r]
                         for r in T.vectorized(R):
                             dl[r] = d[g, e // 32, r]
+                        _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
                         for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * x[0, e // 32, e % 32]
-                _block_sum_and_store(part, part2, acc, t, g, y, NT)
+                            acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * xv[0]
+                _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
 
     return f
 
 
+COLS = 4
+"""Byte columns of a 32-block per Q4 work item: 32 bytes (two 16-byte loads) of the group's 8 rows, so
+the per-item costs (addresses, the block's scales, the loop) are shared by 64 weights."""
+IPB = 16 // COLS  # items per 32-block
+
+
 @T.macro
-def _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, e, q4_1):
-    """Add item e (32-block e // 16, byte column e % 16) of row group g to the R partial sums; the
-    item's 8 bytes and its block's 8 scales (and minimums) arrive as one vector load each."""
-    b: T.let = e // 16
-    j: T.let = e % 16
-    x0: T.let = x[0, b, j]
-    x1: T.let = x[0, b, j + 16]
-    for r in T.vectorized(R):
-        ql[r] = qs[g, b, j, r]
+def _q4_item(acc, xv, ss, sm, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
+    """Add item e (32-block e // IPB, byte columns COLS * (e % IPB) ...) of row group g to the R partial
+    sums; byte j of a 32-block holds columns j (low nibble) and j + 16 (high nibble)."""
+    b: T.let = e // IPB
+    j0: T.let = e % IPB * COLS
+    bias: T.let = T.float32(8388608 if q4_1 else 8388616)
+    for c in T.unroll(COLS):
+        _input(xv, c, ss, x, nw, b * 32 + j0 + c, K, fold.norm, fold.swiglu)
+        _input(xv, COLS + c, ss, x, nw, b * 32 + 16 + j0 + c, K, fold.norm, fold.swiglu)
+    for h in T.unroll(COLS * R // 16):
+        for u in T.vectorized(16):
+            ql[h * 16 + u] = qs[g, b, j0 * R + h * 16 + u]
     for r in T.vectorized(R):
         dl[r] = d[g, b, r]
     if q4_1:
         for r in T.vectorized(R):
             ml[r] = mn[g, b, r]
-    for r in T.serial(R):
-        lo: T.let = T.Cast("float32", T.bitwise_and(ql[r], T.uint8(15)))
-        hi: T.let = T.Cast("float32", T.shift_right(ql[r], T.uint8(4)))
+        sm[1] = T.float32(0)
+        for c in T.unroll(2 * COLS):
+            sm[1] = sm[1] + xv[c]
+    for r in T.unroll(R):
+        sm[0] = T.float32(0)
+        for c in T.unroll(COLS):
+            # nibble -> float without an int-to-float conversion (a quarter-rate instruction): the
+            # nibble as the low mantissa bits of 2^23, minus 2^23 (minus 2^23 + 8 for Q4_0's offset
+            # nibbles, in the same exact subtraction)
+            byte: T.let = T.Cast("uint32", ql[c * R + r])
+            lo: T.let = T.reinterpret("float32", T.bitwise_or(T.bitwise_and(byte, T.uint32(15)), T.uint32(0x4B000000))) - bias
+            hi: T.let = T.reinterpret("float32", T.bitwise_or(T.shift_right(byte, T.uint32(4)), T.uint32(0x4B000000))) - bias
+            sm[0] = sm[0] + lo * xv[c] + hi * xv[COLS + c]
         if q4_1:
-            acc[r] = acc[r] + T.Cast("float32", dl[r]) * (lo * x0 + hi * x1) + T.Cast("float32", ml[r]) * (x0 + x1)
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * sm[0] + T.Cast("float32", ml[r]) * sm[1]
         else:
-            acc[r] = acc[r] + T.Cast("float32", dl[r]) * ((lo - T.float32(8)) * x0 + (hi - T.float32(8)) * x1)
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * sm[0]
 
 
 @T.macro
-def _q4_body(x, qs, d, mn, y, G, NT, STEPS, NB, q4_1):
+def _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, q4_1, fold):
     for g in T.thread_binding(G, thread="blockIdx.x"):
         for t in T.thread_binding(NT, thread="threadIdx.x"):
             part = T.alloc_buffer((NT, R), "float32", scope="shared")
             part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
+            pss = T.alloc_buffer((NT,), "float32", scope="shared")
+            pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
             acc = T.alloc_buffer((R,), "float32", scope="local")
-            ql = T.alloc_buffer((R,), "uint8", scope="local")
+            ss = T.alloc_buffer((1,), "float32", scope="local")
+            sm = T.alloc_buffer((2,), "float32", scope="local")
+            xv = T.alloc_buffer((2 * COLS,), "float32", scope="local")
+            ql = T.alloc_buffer((COLS * R,), "uint8", scope="local")
             dl = T.alloc_buffer((R,), "float16", scope="local")
             ml = T.alloc_buffer((R,), "float16", scope="local")
             _zero(acc)
+            ss[0] = T.float32(0)
             for step in T.unroll(STEPS):
-                if step * NT + t < NB * 16:
-                    _q4_item(acc, ql, dl, ml, qs, d, mn, x, g, step * NT + t, q4_1)
-            _block_sum_and_store(part, part2, acc, t, g, y, NT)
+                if step * NT + t < NB * IPB:
+                    _q4_item(acc, xv, ss, sm, ql, dl, ml, qs, d, mn, x, nw, g, step * NT + t, K, q4_1, fold)
+            _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
 
 
-def _q4(wtype: str, G: int, K: int):
-    """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
-    columns j (low nibble) and j + 16 (high nibble)."""
+def _q4(wtype: str, G: int, K: int, fold: Fold):
+    """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); a 32-block's 16 bytes of each
+    of the group's 8 rows are one run of 128 bytes (byte column j, then row)."""
     NB = K // QUANT_BLOCK
-    NT = _threads(NB * 16)
-    STEPS = (NB * 16 + NT - 1) // NT
+    NT = _threads(NB * IPB)
+    STEPS = (NB * IPB + NT - 1) // NT
+    XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
-    def q4_1(x: T.Buffer((1, NB, 32), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
+    def q4_1(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16 * R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), mn: T.Buffer((G, NB, R), "float16"),
+             res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, True, fold)
+
+    @T.prim_func
+    def q4_0(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16 * R), "uint8"),
+             d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
              y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _q4_body(x, qs, d, mn, y, G, NT, STEPS, NB, True)
-
-    @T.prim_func
-    def q4_0(x: T.Buffer((1, NB, 32), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
-             d: T.Buffer((G, NB, R), "float16"), y: T.Buffer((1, G, R), "float32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _q4_body(x, qs, d, None, y, G, NT, STEPS, NB, False)
+        _q4_body(x, nw, qs, d, None, res, y, G, NT, STEPS, NB, K, False, fold)
 
     return q4_1 if wtype == "q4_1" else q4_0

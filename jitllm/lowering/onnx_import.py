@@ -3,6 +3,8 @@
 TVM's ONNX importer knows nothing of jitllm's functions; for the duration of one import we extend its
 converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call_tir` of a kernel from
 kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
+The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`) become
+one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`) and their parts elsewhere.
 The KV append kernel is added beside `main` and called by the runtime after each block step.
 The kernels come from the target (`linear_kernel`, `attention_kernel`, `append_kernel`), so each
 target brings kernels written for its hardware while the graph stays the same.
@@ -20,7 +22,8 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
-from jitllm.ir.ops import GATED_RECURRENCE, PAGED_ATTENTION, linear_op
+from jitllm.ir.ops import (GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR, PAGED_ATTENTION,
+                           ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
 from jitllm.lowering import APPEND_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
@@ -41,28 +44,104 @@ def _converter(impl) -> type:
     return type(impl.__name__, (), {"get_converter": classmethod(lambda cls, opset: impl)})
 
 
-def _linear_converter(wtype: str, target):
+def _rows(x: relax.Expr) -> tuple[list, object]:
+    """x's leading dims and their product (an int where static)."""
+    lead = list(x.ty.shape.values)[:-1]
+    m = 1
+    for dim in lead:
+        m = m * (int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim)
+    return lead, m
+
+
+def _call_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc, args: list[relax.Expr]) -> relax.Expr:
+    """call_tir with every argument reshaped to the kernel's own buffer shape (static trailing dims)."""
+    shaped = [a if [int(d) for d in p.shape] == [int(d) for d in a.ty.shape.values] else
+              bb.emit(relax.op.reshape(a, [int(d) for d in p.shape])) for p, a in zip(func.params, args)]
+    y_buf = func.params[-1]
+    return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped,
+                                  relax.TensorType([int(d) for d in y_buf.shape], "float32")))
+
+
+def _plain_linear(bb, target, wtype: str, x: relax.Expr, parts: list[relax.Expr]) -> relax.Expr:
+    lead, m = _rows(x)
+    k = int(x.ty.shape.values[-1])
+    n = int(parts[0].ty.shape.values[0]) * ROW_GROUP
+    static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
+    symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
+    gv = _add_kernel(bb, symbol, func)
+    # The kernel's own buffers say how it wants x, the weight parts and y laid out: [M, ...] with static
+    # trailing dims for x and y, any static shape of the same bytes for the parts.
+    x_buf, y_buf = func.params[0], func.params[-1]
+    x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
+    y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
+    parts = [p if [int(d) for d in q.shape] == [int(d) for d in p.ty.shape.values] else
+             bb.emit(relax.op.reshape(p, [int(d) for d in q.shape])) for q, p in zip(func.params[1:], parts)]
+    y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
+    return bb.emit(relax.op.reshape(y, [*lead, n]))
+
+
+def _linear_converter(family: str, wtype: str, target):
+    """A linear-family op: one folded kernel where the target has them (one-row decode steps), else the
+    family's elementwise ops around the target's plain linear kernel."""
     def linear(bb, inputs, attr, params):
-        x, *parts = [bb.normalize(i) for i in inputs]
-        shape = list(x.ty.shape.values)
-        lead = shape[:-1]
-        k = int(shape[-1])
-        g = int(parts[0].ty.shape.values[0])
-        n = g * ROW_GROUP
-        m = 1
-        for dim in lead:
-            m = m * (int(dim) if isinstance(dim, tvm.tirx.IntImm) else dim)
-        static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
-        symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
-        gv = _add_kernel(bb, symbol, func)
-        # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
-        x_buf, y_buf = func.params[0], func.params[-1]
-        x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
-        y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
-        y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
-        return relax.op.reshape(y, [*lead, n])
+        x, *rest = [bb.normalize(i) for i in inputs]
+        extra = {LINEAR: 0, NORM_LINEAR: 2, LINEAR_ADD: 1, SWIGLU_LINEAR_ADD: 1}[family]
+        extras, parts = rest[:extra], rest[extra:]
+        eps = float(extras[1].value.numpy()) if family == NORM_LINEAR else 0.0
+        lead, m = _rows(x)
+        k = int(x.ty.shape.values[-1]) // (2 if family == SWIGLU_LINEAR_ADD else 1)
+        n = int(parts[0].ty.shape.values[0]) * ROW_GROUP
+        if family != LINEAR and m == 1 and hasattr(target, "folded_linear_kernel"):
+            symbol, func = target.folded_linear_kernel(family, wtype, n, k, eps)
+            args = [x, extras[0], *parts] if family == NORM_LINEAR else [x, *parts, *extras]
+            return relax.op.reshape(_call_kernel(bb, symbol, func, args), [*lead, n])
+        if family == NORM_LINEAR:
+            mean = bb.emit(relax.op.mean(relax.op.multiply(x, x), axis=[-1], keepdims=True))
+            inv = bb.emit(relax.op.rsqrt(relax.op.add(mean, relax.const(eps, "float32"))))
+            x = bb.emit(relax.op.multiply(relax.op.multiply(x, inv), extras[0]))
+        elif family == SWIGLU_LINEAR_ADD:
+            halves = bb.emit(relax.op.split(x, 2, axis=-1))
+            gate, up = bb.emit(relax.TupleGetItem(halves, 0)), bb.emit(relax.TupleGetItem(halves, 1))
+            x = bb.emit(relax.op.multiply(relax.op.multiply(gate, relax.op.sigmoid(gate)), up))
+        y = _plain_linear(bb, target, wtype, x, parts)
+        return relax.op.add(y, extras[0]) if family in (LINEAR_ADD, SWIGLU_LINEAR_ADD) else y
 
     return _converter(linear)
+
+
+def _rotary_converter(kind: BlockKind, target):
+    """RotaryQKV: the target's kernel for one token where it has one, else reshapes, slices and products."""
+    c = kind.config
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+
+    def rotary(bb, inputs, attr, params):
+        qkv, cos, sin, _split = [bb.normalize(i) for i in inputs]
+        lead, m = _rows(qkv)
+        if m == 1 and hasattr(target, "rotary_kernel"):
+            symbol, func = target.rotary_kernel(kind)
+            shaped = [bb.emit(relax.op.reshape(a, [int(d) for d in p.shape])) for p, a in zip(func.params, (qkv, cos, sin))]
+            out_ty = [relax.TensorType([int(d) for d in p.shape], "float32") for p in func.params[3:]]
+            return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped, out_ty))
+        heads = bb.emit(relax.op.reshape(qkv, [*lead, H + 2 * HKV, D // 2, 2]))
+        cs = bb.emit(relax.op.reshape(cos, [*lead, 1, D // 2, 1]))
+        sn = bb.emit(relax.op.reshape(sin, [*lead, 1, D // 2, 1]))
+
+        def take(begin: int, end: int, axis: int, x=heads):
+            return bb.emit(relax.op.strided_slice(x, axes=[axis], begin=[begin], end=[end]))
+
+        def rope(x: relax.Expr, count: int) -> relax.Expr:
+            x0, x1 = take(0, 1, -1, x), take(1, 2, -1, x)
+            out0 = relax.op.subtract(relax.op.multiply(x0, cs), relax.op.multiply(x1, sn))
+            out1 = relax.op.add(relax.op.multiply(x0, sn), relax.op.multiply(x1, cs))
+            return bb.emit(relax.op.reshape(relax.op.concat([out0, out1], axis=-1), [*lead, count, D]))
+
+        axis = len(lead)
+        q = rope(take(0, H, axis), H)
+        k = rope(take(H, H + HKV, axis), HKV)
+        v = bb.emit(relax.op.reshape(take(H + HKV, H + 2 * HKV, axis), [*lead, HKV, D]))
+        return relax.Tuple([q, k, v])
+
+    return _converter(rotary)
 
 
 def _attention_converter(kind: BlockKind, target):
@@ -93,7 +172,9 @@ def _recurrence_converter(kind: BlockKind, target):
 
 @contextlib.contextmanager
 def _custom_ops(kind: BlockKind, target):
-    extra = {linear_op(w): _linear_converter(w, target) for w in WEIGHT_TYPES}
+    extra = {linear_op(w, family): _linear_converter(family, w, target)
+             for w in WEIGHT_TYPES for family in LINEAR_FAMILIES}
+    extra[ROTARY_QKV] = _rotary_converter(kind, target)
     extra[PAGED_ATTENTION] = _attention_converter(kind, target)
     extra[GATED_RECURRENCE] = _recurrence_converter(kind, target)
     with _PATCH_LOCK:

@@ -17,6 +17,7 @@ from reference import block_forward, head_forward, paged_inputs, random_weights
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 SHAPES = [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (3, 1, [1, 40, 15])]
+DECODE_SHAPES = [(1, 1, [0]), (1, 1, [37])]
 TOL = 2e-5
 
 
@@ -30,16 +31,22 @@ def _run_both(kind, cache_dir, feeds):
     return got_ort, got_tvm, program
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+@pytest.mark.parametrize("variant", ["separate", "fused", "fused-decode"])
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-def test_decoder_block(wtype, fused, cache_dir):
+def test_decoder_block(wtype, variant, cache_dir):
+    """The fused decode variant's graph folds norms, residuals, SwiGLU and rotary into jitllm ops:
+    ONNX Runtime runs their function bodies, TVM (llvm) lowers them to their parts."""
     kind = llama_block_kind(CFG, {n: wtype for n in BLOCK_LINEARS})
-    if fused:
+    if variant != "separate":
         kind = fused_kind(kind)
         assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
+    if variant == "fused-decode":
+        kind = kind.decode_variant()
+        ops = {n.op_type for n in build_block_graph(kind).graph.node}
+        assert {"RotaryQKV", f"RmsNormLinear_{wtype}", f"LinearAdd_{wtype}", f"SwiGLULinearAdd_{wtype}"} <= ops
     rng = np.random.default_rng(7)
     weights = random_weights(kind, rng)
-    for batch, seq, pasts in SHAPES:
+    for batch, seq, pasts in DECODE_SHAPES if kind.decode else SHAPES:
         inputs = paged_inputs(kind, rng, batch, seq, pasts)
         got_ort, got_tvm, _ = _run_both(kind, cache_dir, {**inputs, **weights})
         ref = block_forward(kind, weights, **inputs)
@@ -48,12 +55,13 @@ def test_decoder_block(wtype, fused, cache_dir):
             assert np.abs(b - r).max() < TOL, (wtype, batch, seq, pasts, name, "tvm")
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["general", "decode"])
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_1", "f16"])
-def test_head(wtype, cache_dir):
-    kind = head_kind(CFG, wtype)
+def test_head(wtype, decode, cache_dir):
+    kind = head_kind(CFG, wtype).decode_variant() if decode else head_kind(CFG, wtype)
     rng = np.random.default_rng(3)
     weights = random_weights(kind, rng)
-    for batch, seq in [(1, 1), (2, 3)]:
+    for batch, seq in [(1, 1)] if decode else [(1, 1), (2, 3)]:
         x = rng.standard_normal((batch, seq, CFG.hidden)).astype(np.float32)
         got_ort, got_tvm, _ = _run_both(kind, cache_dir, {"x": x, **weights})
         ref = head_forward(kind, weights, x)

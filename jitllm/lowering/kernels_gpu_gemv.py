@@ -192,47 +192,33 @@ def _q8_0(wtype: str, G: int, K: int, fold: Fold):
     return f
 
 
-COLS = 4
-"""Byte columns of a 32-block per Q4 work item: 32 bytes (two 16-byte loads) of the group's 8 rows, so
-the per-item costs (addresses, the block's scales, the loop) are shared by 64 weights."""
-IPB = 16 // COLS  # items per 32-block
-
-
 @T.macro
-def _q4_item(acc, xv, ss, sm, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
-    """Add item e (32-block e // IPB, byte columns COLS * (e % IPB) ...) of row group g to the R partial
-    sums; byte j of a 32-block holds columns j (low nibble) and j + 16 (high nibble)."""
-    b: T.let = e // IPB
-    j0: T.let = e % IPB * COLS
+def _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
+    """Add item e (32-block e // 16, byte column e % 16) of row group g to the R partial sums; the
+    item's 8 bytes and its block's 8 scales (and minimums) arrive as one vector load each."""
+    b: T.let = e // 16
+    j: T.let = e % 16
     bias: T.let = T.float32(8388608 if q4_1 else 8388616)
-    for c in T.unroll(COLS):
-        _input(xv, c, ss, x, nw, b * 32 + j0 + c, K, fold.norm, fold.swiglu)
-        _input(xv, COLS + c, ss, x, nw, b * 32 + 16 + j0 + c, K, fold.norm, fold.swiglu)
-    for h in T.unroll(COLS * R // 16):
-        for u in T.vectorized(16):
-            ql[h * 16 + u] = qs[g, b, j0 * R + h * 16 + u]
+    _input(xv, 0, ss, x, nw, b * 32 + j, K, fold.norm, fold.swiglu)
+    _input(xv, 1, ss, x, nw, b * 32 + j + 16, K, fold.norm, fold.swiglu)
+    for r in T.vectorized(R):
+        ql[r] = qs[g, b, j, r]
     for r in T.vectorized(R):
         dl[r] = d[g, b, r]
     if q4_1:
         for r in T.vectorized(R):
             ml[r] = mn[g, b, r]
-        sm[1] = T.float32(0)
-        for c in T.unroll(2 * COLS):
-            sm[1] = sm[1] + xv[c]
-    for r in T.unroll(R):
-        sm[0] = T.float32(0)
-        for c in T.unroll(COLS):
-            # nibble -> float without an int-to-float conversion (a quarter-rate instruction): the
-            # nibble as the low mantissa bits of 2^23, minus 2^23 (minus 2^23 + 8 for Q4_0's offset
-            # nibbles, in the same exact subtraction)
-            byte: T.let = T.Cast("uint32", ql[c * R + r])
-            lo: T.let = T.reinterpret("float32", T.bitwise_or(T.bitwise_and(byte, T.uint32(15)), T.uint32(0x4B000000))) - bias
-            hi: T.let = T.reinterpret("float32", T.bitwise_or(T.shift_right(byte, T.uint32(4)), T.uint32(0x4B000000))) - bias
-            sm[0] = sm[0] + lo * xv[c] + hi * xv[COLS + c]
+    for r in T.serial(R):
+        # nibble -> float without an int-to-float conversion (a quarter-rate instruction): the nibble as
+        # the low mantissa bits of 2^23, minus 2^23 (minus 2^23 + 8 for Q4_0's offset nibbles, in the
+        # same exact subtraction)
+        byte: T.let = T.Cast("uint32", ql[r])
+        lo: T.let = T.reinterpret("float32", T.bitwise_or(T.bitwise_and(byte, T.uint32(15)), T.uint32(0x4B000000))) - bias
+        hi: T.let = T.reinterpret("float32", T.bitwise_or(T.shift_right(byte, T.uint32(4)), T.uint32(0x4B000000))) - bias
         if q4_1:
-            acc[r] = acc[r] + T.Cast("float32", dl[r]) * sm[0] + T.Cast("float32", ml[r]) * sm[1]
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * (lo * xv[0] + hi * xv[1]) + T.Cast("float32", ml[r]) * (xv[0] + xv[1])
         else:
-            acc[r] = acc[r] + T.Cast("float32", dl[r]) * sm[0]
+            acc[r] = acc[r] + T.Cast("float32", dl[r]) * (lo * xv[0] + hi * xv[1])
 
 
 @T.macro
@@ -245,36 +231,35 @@ def _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, q4_1, fold):
             pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
             acc = T.alloc_buffer((R,), "float32", scope="local")
             ss = T.alloc_buffer((1,), "float32", scope="local")
-            sm = T.alloc_buffer((2,), "float32", scope="local")
-            xv = T.alloc_buffer((2 * COLS,), "float32", scope="local")
-            ql = T.alloc_buffer((COLS * R,), "uint8", scope="local")
+            xv = T.alloc_buffer((2,), "float32", scope="local")
+            ql = T.alloc_buffer((R,), "uint8", scope="local")
             dl = T.alloc_buffer((R,), "float16", scope="local")
             ml = T.alloc_buffer((R,), "float16", scope="local")
             _zero(acc)
             ss[0] = T.float32(0)
             for step in T.unroll(STEPS):
-                if step * NT + t < NB * IPB:
-                    _q4_item(acc, xv, ss, sm, ql, dl, ml, qs, d, mn, x, nw, g, step * NT + t, K, q4_1, fold)
+                if step * NT + t < NB * 16:
+                    _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, step * NT + t, K, q4_1, fold)
             _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
 
 
 def _q4(wtype: str, G: int, K: int, fold: Fold):
-    """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); a 32-block's 16 bytes of each
-    of the group's 8 rows are one run of 128 bytes (byte column j, then row)."""
+    """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
+    columns j (low nibble) and j + 16 (high nibble)."""
     NB = K // QUANT_BLOCK
-    NT = _threads(NB * IPB)
-    STEPS = (NB * IPB + NT - 1) // NT
+    NT = _threads(NB * 16)
+    STEPS = (NB * 16 + NT - 1) // NT
     XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
-    def q4_1(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16 * R), "uint8"),
+    def q4_1(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), mn: T.Buffer((G, NB, R), "float16"),
              res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, True, fold)
 
     @T.prim_func
-    def q4_0(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16 * R), "uint8"),
+    def q4_0(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
              y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})

@@ -69,13 +69,10 @@ def _plain_linear(bb, target, wtype: str, x: relax.Expr, parts: list[relax.Expr]
     static_rows = {"rows": m} if isinstance(m, int) else {}  # only decode variants (GPU) have them
     symbol, func = target.linear_kernel(wtype, n, k, **static_rows)
     gv = _add_kernel(bb, symbol, func)
-    # The kernel's own buffers say how it wants x, the weight parts and y laid out: [M, ...] with static
-    # trailing dims for x and y, any static shape of the same bytes for the parts.
+    # The kernel's own buffers say how it wants x and y laid out: [M, ...] with static trailing dims.
     x_buf, y_buf = func.params[0], func.params[-1]
     x2 = bb.emit(relax.op.reshape(x, [m, *[int(d) for d in x_buf.shape[1:]]]))
     y_type = relax.TensorType([m, *[int(d) for d in y_buf.shape[1:]]], "float32")
-    parts = [p if [int(d) for d in q.shape] == [int(d) for d in p.ty.shape.values] else
-             bb.emit(relax.op.reshape(p, [int(d) for d in q.shape])) for q, p in zip(func.params[1:], parts)]
     y = bb.emit(relax.call_tir(gv, [x2, *parts], y_type))
     return bb.emit(relax.op.reshape(y, [*lead, n]))
 

@@ -112,7 +112,9 @@ def main() -> None:
         model = load(path, devices=args.device, ctx=ctx, cache_dir=args.cache)
         wbytes = weight_bytes(model)
         pp = prefill_speed(model, args.pp, args.reps)
+        load_before = os.getloadavg()[0]
         tg = decode_speed(model, args.tg, args.reps)
+        load_after = os.getloadavg()[0]
         long = [decode_speed(model, 32, args.reps, history=h) for h in histories]
         name = f"{args.preset} {args.wtype}"
         print(table(name, model, [pp, tg, *long]))
@@ -126,6 +128,8 @@ def main() -> None:
     med_tg = tg.median
     print(f"jitllm {name} on {args.device}: pp{args.pp} median {pp.median:.1f} t/s (spread {min(pp.rates):.1f}-"
           f"{max(pp.rates):.1f}), tg{args.tg} median {med_tg:.1f} t/s (spread {min(tg.rates):.1f}-{max(tg.rates):.1f})")
+    print(f"host load average around tg{args.tg}: {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs "
+          "(a decode step includes host work: a busy host lowers tg)")
     print(f"bytes read per token {wbytes / 2**20:.1f} MiB, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"roofline {roofline:.0f} t/s, decode at {100 * med_tg / roofline:.1f}% of roofline")
     cfg = model.executor.layout.config

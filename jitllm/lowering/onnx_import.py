@@ -53,13 +53,17 @@ def _rows(x: relax.Expr) -> tuple[list, object]:
     return lead, m
 
 
+def _static_shape(param) -> list[int]:
+    return [int(d) for d in param.shape]
+
+
 def _call_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc, args: list[relax.Expr]) -> relax.Expr:
-    """call_tir with every argument reshaped to the kernel's own buffer shape (static trailing dims)."""
-    shaped = [a if [int(d) for d in p.shape] == [int(d) for d in a.ty.shape.values] else
-              bb.emit(relax.op.reshape(a, [int(d) for d in p.shape])) for p, a in zip(func.params, args)]
-    y_buf = func.params[-1]
-    return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped,
-                                  relax.TensorType([int(d) for d in y_buf.shape], "float32")))
+    """call_tir of a kernel with static shapes: each argument reshaped to the kernel's own buffer shape
+    where it differs (a view, no copy); the parameters after the arguments are its float32 outputs."""
+    shaped = [a if _static_shape(p) == [int(d) for d in a.ty.shape.values] else
+              bb.emit(relax.op.reshape(a, _static_shape(p))) for p, a in zip(func.params, args)]
+    outs = [relax.TensorType(_static_shape(p), "float32") for p in func.params[len(args):]]
+    return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped, outs[0] if len(outs) == 1 else outs))
 
 
 def _plain_linear(bb, target, wtype: str, x: relax.Expr, parts: list[relax.Expr]) -> relax.Expr:
@@ -115,10 +119,7 @@ def _rotary_converter(kind: BlockKind, target):
         qkv, cos, sin, _split = [bb.normalize(i) for i in inputs]
         lead, m = _rows(qkv)
         if m == 1 and hasattr(target, "rotary_kernel"):
-            symbol, func = target.rotary_kernel(kind)
-            shaped = [bb.emit(relax.op.reshape(a, [int(d) for d in p.shape])) for p, a in zip(func.params, (qkv, cos, sin))]
-            out_ty = [relax.TensorType([int(d) for d in p.shape], "float32") for p in func.params[3:]]
-            return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped, out_ty))
+            return _call_kernel(bb, *target.rotary_kernel(kind), [qkv, cos, sin])
         heads = bb.emit(relax.op.reshape(qkv, [*lead, H + 2 * HKV, D // 2, 2]))
         cs = bb.emit(relax.op.reshape(cos, [*lead, 1, D // 2, 1]))
         sn = bb.emit(relax.op.reshape(sin, [*lead, 1, D // 2, 1]))

@@ -1,0 +1,71 @@
+"""Fill a cache folder with exactly what a GPU-machine session needs, and nothing else (at most 64 MiB
+travels there): the CUDA kinds of tests/gpu, the llvm kinds its host-side comparisons load (exact
+kernels, TVM_NUM_THREADS as on that machine), and the CUDA kinds of the benchmark shapes.
+
+    TVM_NUM_THREADS=2 python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
+
+Run it here (full TVM); artifacts already in the cache are kept, missing ones compiled, and files of
+other keys deleted with -prune (an artifact's key changes whenever a source it depends on does, so age
+says nothing about staleness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+
+
+def needed_kinds(presets: list[tuple[str, str]]):
+    """(kind, target) pairs: tests/gpu's CUDA kinds, the tiny model's exact llvm kinds, the presets'."""
+    from kinds import gpu_test_kinds
+
+    from jitllm.ir.llama import fused_kind
+    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.lowering.llvm import LlvmTarget
+    from jitllm.random_model import preset_layout
+
+    cuda, host = CudaTarget("sm_90"), LlvmTarget("exact")
+    pairs = [(kind, cuda) for kind in gpu_test_kinds()]
+    tiny = preset_layout("tiny", "q4_1")
+    for kind in [*tiny.block_kinds, tiny.head]:
+        pairs += [(kind, host), (kind.decode_variant(), host)]
+    for preset, wtype in presets:
+        layout = preset_layout(preset, wtype)
+        for kind in [*layout.block_kinds, layout.head]:
+            pairs += [(fused_kind(kind), cuda), (fused_kind(kind).decode_variant(), cuda)]
+    return list(dict.fromkeys(pairs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-cache", default="cache")
+    ap.add_argument("-presets", default="llama-3.2-3b:f16,llama-3.2-3b:q4_0,smollm2-135m:q4_0",
+                    help="comma-separated preset:wtype pairs for bench/gpu_decode.py")
+    ap.add_argument("-prune", action="store_true", help="delete every other file in the cache folder")
+    args = ap.parse_args()
+    if "TVM_NUM_THREADS" not in os.environ:
+        sys.exit("set TVM_NUM_THREADS to the GPU machine's value (the llvm keys include it), e.g. 2")
+
+    from jitllm.lowering.cache import get_artifact, stderr_log
+
+    presets = [tuple(p.split(":")) for p in args.presets.split(",") if p]
+    keep: set[Path] = set()
+    for kind, target in needed_kinds(presets):
+        path = get_artifact(kind, target, args.cache, log=stderr_log).path.resolve()
+        keep |= {path, path.with_suffix(".json")}
+    root = Path(args.cache)
+    stale = [f for f in root.rglob("*") if f.is_file() and f.resolve() not in keep]
+    if args.prune:
+        for f in stale:
+            f.unlink()
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"{len(keep) // 2} artifacts needed; {len(stale)} other files {'deleted' if args.prune else 'left (use -prune)'}; "
+          f"cache {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

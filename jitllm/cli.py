@@ -44,11 +44,6 @@ class _Group(click.Group):
         sys.exit(0)
 
 
-def opt(name: str, *args, **kwargs):
-    """An option that answers to both the seed style `-name` and `--name`."""
-    return click.option(f"-{name}", f"--{name}", *args, **kwargs)
-
-
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """jitllm: place transformer blocks on devices, compile them with TVM, move them while serving."""

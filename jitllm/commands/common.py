@@ -1,4 +1,5 @@
-"""Options shared by the verbs that load and place a model (run, speed, verify)."""
+"""Options shared by the verbs: the `-name`/`--name` style, and those of the verbs that load and place
+a model (run, speed, verify). The verbs import from here, never from jitllm.cli (which imports them)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import os
 
 import click
 
-from jitllm.cli import opt
+
+
+def opt(name: str, *args, **kwargs):
+    """An option that answers to both the seed style `-name` and `--name`."""
+    return click.option(f"-{name}", f"--{name}", *args, **kwargs)
 
 
 def placement_options(func):

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from jitllm.cli import opt
+from jitllm.commands.common import opt
 
 
 @click.command(name="compile")

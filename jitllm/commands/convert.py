@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jitllm.cli import opt
+from jitllm.commands.common import opt
 
 _DTYPES = ("f32", "f16", "q8_0")  # jitllm.convert.CONVERT_TYPES, repeated so --help needs no import
 

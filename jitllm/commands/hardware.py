@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from jitllm.cli import opt
+from jitllm.commands.common import opt
 
 if TYPE_CHECKING:
     from jitllm.runtime.inventory import Inventory

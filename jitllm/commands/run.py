@@ -6,8 +6,7 @@ import sys
 
 import click
 
-from jitllm.cli import opt
-from jitllm.commands.common import load_model, placement_options
+from jitllm.commands.common import load_model, opt, placement_options
 
 
 @click.command()

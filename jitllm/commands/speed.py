@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from jitllm.cli import opt
-from jitllm.commands.common import load_model, placement_options
+from jitllm.commands.common import load_model, opt, placement_options
 
 
 @click.command()

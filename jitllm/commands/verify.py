@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jitllm.cli import opt
-from jitllm.commands.common import load_model, placement_options
+from jitllm.commands.common import load_model, opt, placement_options
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,"
 

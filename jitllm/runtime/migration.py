@@ -51,12 +51,12 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
-        if source.name == "host":
-            weights = _weights_from_host(executor, unit, kind, dest)
-        elif kind != unit.kind:  # from the file, laid out for the destination
-            weights = executor.upload_weights(index, dest, kind)
-        else:
+        if kind == unit.kind:
             weights = [to_device(w, dest) for w in unit.weights]
+        elif source.name == "host":
+            weights = _weights_from_host(executor, unit, kind, dest)
+        else:  # from the file, laid out for the destination
+            weights = executor.upload_weights(index, dest, kind)
         if unit.kind.kind == "llama":
             pool = executor.pool(dest)
             for session in executor.sessions.values():

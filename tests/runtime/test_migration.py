@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jitllm.errors import JitllmError
+from jitllm.ir.llama import BLOCK_LINEARS
 from jitllm.model import load
 from jitllm.runtime.devices.host import simulated_device
 from jitllm.runtime.sampling import SamplingParams
@@ -175,20 +176,22 @@ def test_tune_seam_tries_seams_and_keeps_output(tiny_model, cache_dir, baseline)
 
 
 def test_moves_between_fused_and_separate_layouts_keep_the_output(tiny_model, cache_dir, baseline):
-    """A device whose target stacks Q/K/V and gate/up (as CUDA's does) gets its weights stacked at load
-    and move time; moving to and from it re-lays them out and keeps the tokens."""
+    """The host stacks Q/K/V and gate/up (as CUDA does); a device whose target keeps them separate gets
+    its weights laid out at load and move time; moving to and from it re-lays them out and keeps the
+    tokens."""
     from jitllm.lowering.llvm import LlvmTarget
 
-    fusing = simulated_device("sim:f")
-    fusing.target = LlvmTarget()
-    fusing.target.fuse_linears = True
-    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[fusing])
-    model.move_schedule = {2: ["0=sim:f"], 5: ["1=sim:f,head=sim:f"], 9: ["0=host"], 14: ["*=sim:f"], 19: ["*=host"]}
+    separate = simulated_device("sim:s")
+    separate.target = LlvmTarget()
+    separate.target.fuse_linears = False
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[separate])
+    model.move_schedule = {2: ["0=sim:s"], 5: ["1=sim:s,head=sim:s"], 9: ["0=host"], 14: ["*=sim:s"], 19: ["*=host"]}
     ex = model.executor
-    assert model.generate_ids(PROMPT, N) == baseline
-    model.move("0", "sim:f")
     assert [s.name for s in ex.blocks[0].kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
-    assert len(ex.blocks[0].weights) < len(ex.blocks[1].weights)
+    assert model.generate_ids(PROMPT, N) == baseline
+    model.move("0", "sim:s")
+    assert [s.name for s in ex.blocks[0].kind.linears] == list(BLOCK_LINEARS)
+    assert len(ex.blocks[0].weights) > len(ex.blocks[1].weights)
 
 
 def test_page_runs_group_ids_consecutive_on_both_sides():

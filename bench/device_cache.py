@@ -29,14 +29,19 @@ def needed_kinds(presets: list[tuple[str, str]]):
     from jitllm.random_model import preset_layout
 
     cuda, host = CudaTarget("sm_90"), LlvmTarget("exact")
+
+    def as_run(kind, target):  # what Executor.kind_on gives a device of `target`, and its decode variant
+        kind = fused_kind(kind) if getattr(target, "fuse_linears", False) else kind
+        return [(kind, target), (kind.decode_variant(), target)]
+
     pairs = [(kind, cuda) for kind in gpu_test_kinds()]
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
-        pairs += [(kind, host), (kind.decode_variant(), host)]
+        pairs += as_run(kind, host)
     for preset, wtype in presets:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:
-            pairs += [(fused_kind(kind), cuda), (fused_kind(kind).decode_variant(), cuda)]
+            pairs += as_run(kind, cuda)
     return list(dict.fromkeys(pairs))
 
 

@@ -118,78 +118,26 @@ def _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, f
         y[0, g, t] = acc[1]
 
 
-def _float(wtype: str, G: int, K: int, fold: Fold):
-    wdtype = "float32" if wtype == "f32" else "float16"
-    NT = _threads(K)
-    STEPS = (K + NT - 1) // NT
-    XK = 2 * K if fold.swiglu else K
-
-    @T.prim_func
-    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
-          res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for g in T.thread_binding(G, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                part = T.alloc_buffer((NT, R), "float32", scope="shared")
-                part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
-                pss = T.alloc_buffer((NT,), "float32", scope="shared")
-                pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
-                acc = T.alloc_buffer((R,), "float32", scope="local")
-                ss = T.alloc_buffer((1,), "float32", scope="local")
-                xv = T.alloc_buffer((2,), "float32", scope="local")
-                wl = T.alloc_buffer((R,), wdtype, scope="local")
-                _zero(acc)
-                ss[0] = T.float32(0)
-                for step in T.unroll(STEPS):
-                    kk: T.let = step * NT + t
-                    if kk < K:
-                        for r in T.vectorized(R):  # one 16-byte load (f16) of the column's 8 rows
-                            wl[r] = w[g, kk, r]
-                        _input(xv, 0, ss, x, nw, kk, K, fold.norm, fold.swiglu)
-                        for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", wl[r]) * xv[0]
-                _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
-
-    return f
+@T.macro
+def _float_item(acc, xv, ss, wl, w, x, nw, g, e, K, fold):
+    """Add column e (its 8 rows: one 16-byte load for f16) of row group g to the R partial sums."""
+    for r in T.vectorized(R):
+        wl[r] = w[g, e, r]
+    _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
+    for r in T.serial(R):
+        acc[r] = acc[r] + T.Cast("float32", wl[r]) * xv[0]
 
 
-def _q8_0(wtype: str, G: int, K: int, fold: Fold):
-    NB = K // QUANT_BLOCK
-    NT = _threads(NB * 32)
-    STEPS = (NB * 32 + NT - 1) // NT
-    XK = 2 * K if fold.swiglu else K
-
-    @T.prim_func
-    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 32, R), "int8"),
-          d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
-          y: T.Buffer((1, G, R), "float32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for g in T.thread_binding(G, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                part = T.alloc_buffer((NT, R), "float32", scope="shared")
-                part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
-                pss = T.alloc_buffer((NT,), "float32", scope="shared")
-                pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
-                acc = T.alloc_buffer((R,), "float32", scope="local")
-                ss = T.alloc_buffer((1,), "float32", scope="local")
-                xv = T.alloc_buffer((2,), "float32", scope="local")
-                ql = T.alloc_buffer((R,), "int8", scope="local")
-                dl = T.alloc_buffer((R,), "float16", scope="local")
-                _zero(acc)
-                ss[0] = T.float32(0)
-                for step in T.unroll(STEPS):
-                    e: T.let = step * NT + t
-                    if e < NB * 32:
-                        for r in T.vectorized(R):
-                            ql[r] = qs[g, e // 32, e % 32, r]
-                        for r in T.vectorized(R):
-                            dl[r] = d[g, e // 32, r]
-                        _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
-                        for r in T.serial(R):
-                            acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * xv[0]
-                _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
-
-    return f
+@T.macro
+def _q8_0_item(acc, xv, ss, ql, dl, qs, d, x, nw, g, e, K, fold):
+    """Add item e (32-block e // 32, column e % 32) of row group g to the R partial sums."""
+    for r in T.vectorized(R):
+        ql[r] = qs[g, e // 32, e % 32, r]
+    for r in T.vectorized(R):
+        dl[r] = d[g, e // 32, r]
+    _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
+    for r in T.serial(R):
+        acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * xv[0]
 
 
 @T.macro
@@ -222,7 +170,9 @@ def _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
 
 
 @T.macro
-def _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, q4_1, fold):
+def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
+    """Every format's kernel: one thread block per row group, NT threads striding over its ITEMS work
+    items, then the two-stage sum and store. `q` holds the weights (float) or their quants."""
     for g in T.thread_binding(G, thread="blockIdx.x"):
         for t in T.thread_binding(NT, thread="threadIdx.x"):
             part = T.alloc_buffer((NT, R), "float32", scope="shared")
@@ -232,23 +182,56 @@ def _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, q4_1, fold):
             acc = T.alloc_buffer((R,), "float32", scope="local")
             ss = T.alloc_buffer((1,), "float32", scope="local")
             xv = T.alloc_buffer((2,), "float32", scope="local")
-            ql = T.alloc_buffer((R,), "uint8", scope="local")
+            ql = T.alloc_buffer((R,), qdtype, scope="local")
             dl = T.alloc_buffer((R,), "float16", scope="local")
             ml = T.alloc_buffer((R,), "float16", scope="local")
             _zero(acc)
             ss[0] = T.float32(0)
-            for step in T.unroll(STEPS):
-                if step * NT + t < NB * 16:
-                    _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, step * NT + t, K, q4_1, fold)
+            for step in T.unroll((ITEMS + NT - 1) // NT):
+                if step * NT + t < ITEMS:
+                    if fmt == "float":
+                        _float_item(acc, xv, ss, ql, q, x, nw, g, step * NT + t, K, fold)
+                    elif fmt == "q8_0":
+                        _q8_0_item(acc, xv, ss, ql, dl, q, d, x, nw, g, step * NT + t, K, fold)
+                    else:
+                        _q4_item(acc, xv, ss, ql, dl, ml, q, d, mn, x, nw, g, step * NT + t, K, fmt == "q4_1", fold)
             _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
+
+
+def _float(wtype: str, G: int, K: int, fold: Fold):
+    wdtype = "float32" if wtype == "f32" else "float16"
+    NT = _threads(K)  # items: a column of the group's 8 rows
+    XK = 2 * K if fold.swiglu else K
+
+    @T.prim_func
+    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
+          res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold)
+
+    return f
+
+
+def _q8_0(wtype: str, G: int, K: int, fold: Fold):
+    NB = K // QUANT_BLOCK
+    NT = _threads(K)  # items: (32-block, column) pairs
+    XK = 2 * K if fold.swiglu else K
+
+    @T.prim_func
+    def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 32, R), "int8"),
+          d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
+          y: T.Buffer((1, G, R), "float32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        _body(x, nw, qs, d, None, res, y, G, K, NT, K, "q8_0", "int8", fold)
+
+    return f
 
 
 def _q4(wtype: str, G: int, K: int, fold: Fold):
     """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
     columns j (low nibble) and j + 16 (high nibble)."""
     NB = K // QUANT_BLOCK
-    NT = _threads(NB * 16)
-    STEPS = (NB * 16 + NT - 1) // NT
+    NT = _threads(K // 2)  # items: (32-block, byte column) pairs, two columns each
     XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
@@ -256,13 +239,13 @@ def _q4(wtype: str, G: int, K: int, fold: Fold):
              d: T.Buffer((G, NB, R), "float16"), mn: T.Buffer((G, NB, R), "float16"),
              res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _q4_body(x, nw, qs, d, mn, res, y, G, NT, STEPS, NB, K, True, fold)
+        _body(x, nw, qs, d, mn, res, y, G, K, NT, K // 2, "q4_1", "uint8", fold)
 
     @T.prim_func
     def q4_0(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
              y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _q4_body(x, nw, qs, d, None, res, y, G, NT, STEPS, NB, K, False, fold)
+        _body(x, nw, qs, d, None, res, y, G, K, NT, K // 2, "q4_0", "uint8", fold)
 
     return q4_1 if wtype == "q4_1" else q4_0

@@ -53,9 +53,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     try:
         if kind == unit.kind:
             weights = [to_device(w, dest) for w in unit.weights]
-        elif source.name == "host":
-            weights = _weights_from_host(executor, unit, kind, dest)
-        else:  # from the file, laid out for the destination
+        else:  # fused on one side, separate on the other: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
         if unit.kind.kind == "llama":
             pool = executor.pool(dest)
@@ -92,20 +90,6 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     executor.drop_graphs()  # captured steps hold the source's weights and pages
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start,
                       state_bytes)
-
-
-def _weights_from_host(executor, unit, kind, dest: Device) -> list:
-    """The destination's weights copied from the block's host tensors (already in memory: reading the
-    .jlm pages again would fault them in), stacked for `kind` where it fuses linears."""
-    layout = executor.layout
-    held = {group[0]: w for group, w in zip(layout.weight_sources(unit.index, unit.kind), unit.weights)
-            if len(group) == 1}
-    out = []
-    for group in layout.weight_sources(unit.index, kind):
-        if not all(name in held for name in group):  # the host copy is itself stacked: read the file
-            return executor.upload_weights(unit.index, dest, kind)
-        out.append(dest.upload_stacked([np.from_dlpack(held[name]) for name in group]))
-    return out
 
 
 def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, int]]:

@@ -1,9 +1,8 @@
 """The block kinds the GPU tests use, so they can be compiled ahead of time on a machine with the full
-TVM (`python tests/gpu/kinds.py CACHE_DIR`) and loaded by a runtime-only TVM on the GPU machine."""
+TVM (`bench/device_cache.py`, with the rest a GPU session needs) and loaded by a runtime-only TVM on the
+GPU machine."""
 
 from __future__ import annotations
-
-import sys
 
 from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
 from jitllm.ir.llama import BLOCK_LINEARS, fused_kind, head_kind, llama_block_kind
@@ -21,10 +20,3 @@ def gpu_test_kinds():
     kinds = [fused_kind(k) for k in kinds]  # as the CUDA target runs them
     return kinds + [k.decode_variant() for k in kinds]
 
-
-if __name__ == "__main__":
-    from jitllm.lowering.cache import get_artifact, stderr_log
-    from jitllm.lowering.cuda import CudaTarget
-
-    for kind in dict.fromkeys(gpu_test_kinds()):
-        get_artifact(kind, CudaTarget("sm_90"), sys.argv[1], log=stderr_log)

@@ -42,8 +42,9 @@ LINEAR_ADD = "LinearAdd"
 SWIGLU_LINEAR_ADD = "SwiGLULinearAdd"
 LINEAR_FAMILIES = (LINEAR, NORM_LINEAR, LINEAR_ADD, SWIGLU_LINEAR_ADD)
 """Ops that end in a linear layer; each is one op per weight type, named `<family>_<wtype>`."""
-_EXTRA_INPUTS = {LINEAR: [], NORM_LINEAR: ["norm_weight", "eps"], LINEAR_ADD: ["residual"],
-                 SWIGLU_LINEAR_ADD: ["residual"]}
+EXTRA_INPUTS = {LINEAR: [], NORM_LINEAR: ["norm_weight", "eps"], LINEAR_ADD: ["residual"],
+                SWIGLU_LINEAR_ADD: ["residual"]}
+"""Inputs of each linear family between x and the weight parts."""
 
 
 def linear_op(wtype: str, family: str = LINEAR) -> str:
@@ -106,7 +107,7 @@ def linear_function(wtype: str, num_parts: int, family: str = LINEAR) -> onnx.Fu
     if family in (LINEAR_ADD, SWIGLU_LINEAR_ADD):
         y = g.op("Add", y, "residual")
     g.rename(y, "y")
-    return _function(linear_op(wtype, family), ["x", *_EXTRA_INPUTS[family], *parts], ["y"], g)
+    return _function(linear_op(wtype, family), ["x", *EXTRA_INPUTS[family], *parts], ["y"], g)
 
 
 def rotary_qkv_function() -> onnx.FunctionProto:

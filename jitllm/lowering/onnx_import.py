@@ -22,8 +22,8 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
-from jitllm.ir.ops import (GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR, PAGED_ATTENTION,
-                           ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
+from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
+                           PAGED_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
 from jitllm.lowering import APPEND_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
@@ -86,7 +86,7 @@ def _linear_converter(family: str, wtype: str, target):
     family's elementwise ops around the target's plain linear kernel."""
     def linear(bb, inputs, attr, params):
         x, *rest = [bb.normalize(i) for i in inputs]
-        extra = {LINEAR: 0, NORM_LINEAR: 2, LINEAR_ADD: 1, SWIGLU_LINEAR_ADD: 1}[family]
+        extra = len(EXTRA_INPUTS[family])
         extras, parts = rest[:extra], rest[extra:]
         eps = float(extras[1].value.numpy()) if family == NORM_LINEAR else 0.0
         lead, m = _rows(x)

@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("-history", default="1024,4096,16384")
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-reps", type=int, default=3)
+    ap.add_argument("-phases", action="store_true",
+                    help="after each row, the median milliseconds of each phase of the move")
     args = ap.parse_args()
 
     from jitllm.model import load
@@ -71,10 +73,12 @@ def main() -> None:
             session.length = history
             for direction, target, back in (("host -> " + dev.name, dev.name, "host"), (dev.name + " -> host", "host", dev.name)):
                 moves, copies = [], []
+                phases = []
                 for _ in range(args.reps):
                     if direction.startswith(dev.name):
                         model.move("0", dev.name)
                     report = model.move("0", target)[0]
+                    phases.append(dict(report.phases))
                     moves.append(report.seconds)
                     src, dst = (host, dev) if target == dev.name else (dev, host)
                     copies.append(plain_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
@@ -83,6 +87,9 @@ def main() -> None:
                 move_ms, copy_ms = 1e3 * statistics.median(moves), 1e3 * statistics.median(copies)
                 print(f"{preset:<14} {history:>7} {direction:<18} {report.weight_bytes / 2**20:>11.1f} "
                       f"{report.kv_bytes / 2**20:>8.1f} {move_ms:>8.2f} {copy_ms:>8.2f} {move_ms / copy_ms:>6.2f}")
+                if args.phases:
+                    print("    phases ms: " + ", ".join(f"{name} {1e3 * statistics.median(p[name] for p in phases):.2f}"
+                                                   for name in phases[0]))
             ex.close_session(session)
 
 

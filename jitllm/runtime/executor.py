@@ -25,6 +25,7 @@ from jitllm.runtime.devices.base import Device, to_device
 from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.kv_pages import PagePool, PageTable
 from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
 from jitllm.runtime.step_graphs import GraphRecord, Segment, StepInputs, capture_segment, segment_objects, segments
@@ -37,7 +38,7 @@ class Unit:
     index: int | str
     kind: BlockKind
     device: Device
-    weights: list[tvm.runtime.Tensor]
+    weights: PackedWeights
     nbytes: int
     program: Program
     decode_program: Program | None = None
@@ -118,13 +119,12 @@ class Executor:
             self.pool(device)
         return Unit(index, kind, device, weights, nbytes, *self.programs(kind, device))
 
-    def upload_weights(self, index: int | str, device: Device, kind: BlockKind | None = None) -> list[tvm.runtime.Tensor]:
+    def upload_weights(self, index: int | str, device: Device, kind: BlockKind | None = None) -> PackedWeights:
         """A unit's weights (laid out for `kind`, default its kind on `device`) copied from its .jlm page
-        onto `device`, one tensor each (TVM kernels reject views with a byte offset, so a page cannot be
-        one tensor sliced into weights); fused linears are stacked here, once per load or move."""
+        into one allocation on `device`; fused linears are stacked here, once per load or move."""
         kind = kind or self.kind_on(index, device)
-        return [device.upload_stacked([self.model.tensor(n) for n in group])
-                for group in self.layout.weight_sources(index, kind)]
+        return PackedWeights.upload(device, [[self.model.tensor(n) for n in group]
+                                             for group in self.layout.weight_sources(index, kind)])
 
     def pool(self, device: Device) -> PagePool:
         """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""

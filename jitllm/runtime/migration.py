@@ -1,8 +1,10 @@
 """Moving a block (or the head) to another device between two steps, KV pages (or recurrent state) and all.
 
 A move is a transaction: the destination's program is loaded (or compiled), its budget charged, the
-weights copied (from the .jlm page when leaving the host, device to device otherwise) and every live
-session's pages exported, transferred once and imported into the destination pool (a GLA block's
+weights copied (one copy of the unit's single allocation, jitllm.runtime.packed_weights; laid out
+afresh from the .jlm where the destination lays the unit out differently) and every live session's
+pages copied into the destination pool (each run of pages consecutive on both sides in one copy; many
+scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
 per-session state is copied into new tensors on the destination instead). Only then is the
 unit switched over and the source's memory freed; any failure before that undoes what was done, so
 the block keeps running where it was with its KV intact. Nothing is recomputed.
@@ -30,6 +32,9 @@ class MoveReport:
     seconds: float
     state_bytes: int = 0
     """Recurrent state copied (GLA blocks: every live session's)."""
+    phases: tuple[tuple[str, float], ...] = ()
+    """Seconds per phase: program (lookup, budget), weights, kv pages (allocation), kv (copies, or
+    recurrent state), sync, switch."""
 
     def describe(self) -> str:
         what = "head" if self.unit == "head" else f"block {self.unit}"
@@ -41,33 +46,38 @@ class MoveReport:
 def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     unit = executor.unit(index)
     source = unit.device
-    start = time.perf_counter()
+    clock = _PhaseClock()
     if source is dest:
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
     kind = executor.kind_on(index, dest)
     program, decode_program = executor.programs(kind, dest)
     dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
+    clock.mark("program")
     new_tables: dict[int, PageTable] = {}
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
         if kind == unit.kind:
-            weights = [to_device(w, dest) for w in unit.weights]
+            weights = unit.weights.to(dest)
         else:  # fused on one side, separate on the other: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
+        clock.mark("weights")
         if unit.kind.kind == "llama":
             pool = executor.pool(dest)
             for session in executor.sessions.values():
                 old = session.tables.get(index)
-                if old is None or not old.ids:
-                    continue
-                new = PageTable(pool)
-                new.ensure(len(old.ids) * pool.page_size)
-                new_tables[session.id] = new
+                if old is not None and old.ids:
+                    new_tables[session.id] = PageTable(pool)
+                    new_tables[session.id].ensure(len(old.ids) * pool.page_size)
+            clock.mark("kv pages")
+            for session_id, new in new_tables.items():
+                old = executor.sessions[session_id].tables[index]
                 kv_bytes += _copy_pages(unit.program, program, old, new, source, dest)
         if unit.kind.kind == "gla":
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
+        clock.mark("kv")
         dest.synchronize()
+        clock.mark("sync")
     except BaseException:
         for table in new_tables.values():
             table.release()
@@ -88,8 +98,25 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
     executor.drop_graphs()  # captured steps hold the source's weights and pages
-    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, time.perf_counter() - start,
-                      state_bytes)
+    clock.mark("switch")
+    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, clock.total(), state_bytes,
+                      tuple(clock.phases))
+
+
+class _PhaseClock:
+    """Seconds spent in each named phase of a move, in order."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.phases: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases.append((phase, now - self.last))
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.start
 
 
 def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, int]]:
@@ -103,18 +130,21 @@ def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, 
     return runs
 
 
+DIRECT_RUNS = 32
+"""Up to this many runs of pages (consecutive on both sides), each run is one copy between the pools;
+beyond it the pages are gathered into one staging tensor, moved once and scattered (kernels)."""
+
+
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
-    """Copy the pages listed in `old` into `new`'s pages on the destination. From the host, each run of
-    consecutive pages goes straight from the host pool's memory into the destination pool's rows (one
-    copy, no kernel); otherwise the source exports them into one staging tensor, transferred once and
-    imported at `new`'s ids."""
+    """Copy the pages listed in `old` into `new`'s pages on the destination."""
     src_pool, dst_pool = old.pool, new.pool
     count = len(old.ids)
-    if source.name == "host":
-        pool = np.from_dlpack(src_pool.pages)
-        for first_old, first_new, run in _joint_runs(old.ids, new.ids):
-            rows = dst_pool.pages._create_view((run, *pool.shape[1:]), "float32", first_new * dst_pool.page_bytes)
-            rows.copyfrom(pool[first_old:first_old + run])
+    runs = _joint_runs(old.ids, new.ids)
+    if len(runs) <= DIRECT_RUNS:
+        for first_old, first_new, run in runs:
+            shape = (run, *src_pool.pages.shape[1:])
+            rows = src_pool.pages._create_view(shape, "float32", first_old * src_pool.page_bytes)
+            dst_pool.pages._create_view(shape, "float32", first_new * dst_pool.page_bytes).copyfrom(rows)
         return count * src_pool.page_bytes
     shape = (count, *src_pool.pages.shape[1:])
     staged = source.empty(shape, "float32")

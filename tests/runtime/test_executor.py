@@ -74,11 +74,3 @@ def test_decode_steps_reuse_their_input_tensors(model):
     assert int(now.past.numpy()[0]) == 6  # the last step's position (3 prompt tokens, then 4 steps)
     ex.close_session(session)
 
-
-def test_upload_stacked_copies_each_part_into_its_rows():
-    from jitllm.runtime.devices.host import host_device
-
-    rng = np.random.default_rng(0)
-    parts = [rng.standard_normal((rows, 3, 8)).astype(np.float16) for rows in (4, 1, 2)]
-    stacked = host_device().upload_stacked(parts)
-    assert np.array_equal(stacked.numpy(), np.concatenate(parts))

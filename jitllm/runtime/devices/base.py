@@ -53,19 +53,6 @@ class Device:
     def upload(self, array: np.ndarray) -> tvm.runtime.Tensor:
         return tvm.runtime.tensor(np.ascontiguousarray(array), self.tvm_device)
 
-    def upload_stacked(self, parts: list[np.ndarray]) -> tvm.runtime.Tensor:
-        """The parts stacked along axis 0 in one new tensor, each copied straight into its rows (no
-        stacked copy on the host first)."""
-        if len(parts) == 1:
-            return self.upload(parts[0])
-        rows = sum(p.shape[0] for p in parts)
-        out = self.empty((rows, *parts[0].shape[1:]), str(parts[0].dtype))
-        offset = 0
-        for part in parts:
-            out._create_view(part.shape, str(part.dtype), offset).copyfrom(np.ascontiguousarray(part))
-            offset += part.nbytes
-        return out
-
     def empty(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
         return tvm.runtime.empty(shape, dtype, self.tvm_device)
 

@@ -19,8 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
 
 
-def needed_kinds(presets: list[tuple[str, str]]):
-    """(kind, target) pairs: tests/gpu's CUDA kinds, the tiny model's exact llvm kinds, the presets'."""
+def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = ()):
+    """(kind, target) pairs: tests/gpu's CUDA kinds, the tiny model's exact llvm kinds, the presets'
+    CUDA kinds, and both the exact llvm and the CUDA kinds of `host_presets` (bench/migrate.py's
+    blocks start on the host)."""
     from kinds import gpu_test_kinds
 
     from jitllm.ir.llama import fused_kind
@@ -38,10 +40,14 @@ def needed_kinds(presets: list[tuple[str, str]]):
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
         pairs += as_run(kind, host)
-    for preset, wtype in presets:
+    for preset, wtype in [*presets, *host_presets]:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:
             pairs += as_run(kind, cuda)
+    for preset, wtype in host_presets:
+        layout = preset_layout(preset, wtype)
+        for kind in [*layout.block_kinds, layout.head]:
+            pairs += as_run(kind, host)
     return list(dict.fromkeys(pairs))
 
 
@@ -50,6 +56,8 @@ def main() -> None:
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-presets", default="llama-3.2-3b:f16,llama-3.2-3b:q4_0,smollm2-135m:q4_0",
                     help="comma-separated preset:wtype pairs for bench/gpu_decode.py")
+    ap.add_argument("-host-presets", default="smollm2-135m:f16,llama-3.2-3b:f16",
+                    help="preset:wtype pairs for bench/migrate.py (exact llvm kinds and CUDA kinds)")
     ap.add_argument("-prune", action="store_true", help="delete every other file in the cache folder")
     args = ap.parse_args()
     if "TVM_NUM_THREADS" not in os.environ:
@@ -58,8 +66,9 @@ def main() -> None:
     from jitllm.lowering.cache import get_artifact, stderr_log
 
     presets = [tuple(p.split(":")) for p in args.presets.split(",") if p]
+    host_presets = [tuple(p.split(":")) for p in args.host_presets.split(",") if p]
     keep: set[Path] = set()
-    for kind, target in needed_kinds(presets):
+    for kind, target in needed_kinds(presets, host_presets):
         path = get_artifact(kind, target, args.cache, log=stderr_log).path.resolve()
         keep |= {path, path.with_suffix(".json")}
     root = Path(args.cache)

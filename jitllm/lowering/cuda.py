@@ -13,7 +13,8 @@ import tvm
 
 class CudaTarget:
     name = "cuda"
-    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py")
+    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
+               "kernels_gpu_mma.py")
 
     def __init__(self, arch: str = "sm_90") -> None:
         if not arch.startswith("sm_"):
@@ -35,9 +36,13 @@ class CudaTarget:
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
+        """Prefill (rows unknown) on tensor cores where the arch has them (sm_70 on) and the shape fits;
+        decode matvecs and the rest as kernels_gpu.linear_kernel gives them."""
         from jitllm.lowering.kernels_gpu import linear_kernel
+        from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
 
-        return linear_kernel(wtype, n, k, rows)
+        mma = mma_linear_kernel(wtype, n, k) if rows is None and int(self.arch[3:]) >= 70 else None
+        return mma or linear_kernel(wtype, n, k, rows)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""

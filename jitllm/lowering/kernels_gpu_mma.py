@@ -1,0 +1,228 @@
+"""Prefill linears on tensor cores: y[M, N] = x[M, K] · Wᵀ with WMMA 16x16x16 tiles (f16 operands,
+f32 accumulation), written as TIR with TVM's WMMA builtins (TVM 0.27's dlight tensorization segfaults).
+
+Exactness: tensor cores take f16 operands, so each activation is split into two f16 halves,
+x = hi + lo (hi = f16(x), lo = f16(x - hi)), and both are multiplied: ~22 bits of the activation's
+24-bit mantissa survive, close to the f32 CUDA-core kernel (measured on the H200: relative error
+8e-6 against 2.5e-6 for the f32 kernel, 2e-4 with f16 activations alone). f16 weights are exact in
+f16; a dequantized weight (d · q) is not, so it is split the same way and the product hi·hi + lo·hi +
+hi·lo taken (the lo·lo term is below f32 rounding).
+
+One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each WM x BN/2); per BK = 32 step
+(one quantization block) it stages x's rows and the weights' columns in shared memory as f16, then each
+warp runs its fragments. Rows past M read row M - 1 and are not stored.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+
+R = ROW_GROUP
+BM, BK, WM = 64, QUANT_BLOCK, 32
+PAD = 8  # halves of padding per shared-memory row (keeps WMMA loads off one bank)
+NT = 128  # 4 warps
+WMMA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
+
+
+def mma_linear_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc] | None:
+    """The tensor-core kernel for a prefill linear of this shape, or None where it does not apply
+    (f32 weights, or N not a multiple of 64)."""
+    if wtype not in WMMA_FORMATS or n % 64 or k % BK:
+        return None
+    bn = 128 if n % 128 == 0 else 64
+    symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}"
+    return symbol, _kernel(wtype, n, k, bn).with_attr("global_symbol", symbol)
+
+
+@T.macro
+def _stage_x(x, a_hi, a_lo, xv, M, bm, kt, t, K, LDA):
+    """x[bm*BM : +BM, kt*BK : +BK] as f16 halves hi and lo, four floats per thread per step."""
+    for s in T.unroll(BM * BK // 4 // NT):
+        e: T.let = s * NT + t
+        row: T.let = e // (BK // 4)
+        col: T.let = e % (BK // 4) * 4
+        src: T.let = T.min(bm * BM + T.Cast("int64", row), M - 1)
+        for v in T.vectorized(4):
+            xv[v] = x[src, kt * BK + col + v]
+        for v in T.serial(4):
+            a_hi[row * LDA + col + v] = T.Cast("float16", xv[v])
+            a_lo[row * LDA + col + v] = T.Cast("float16", xv[v] - T.Cast("float32", T.Cast("float16", xv[v])))
+
+
+@T.macro
+def _split_store(b_hi, b_lo, wv, hv, lv, at):
+    """Eight dequantized weights (wv, f32) into b_hi / b_lo at `at` as f16 halves."""
+    for r in T.serial(R):
+        hv[r] = T.Cast("float16", wv[r])
+        lv[r] = T.Cast("float16", wv[r] - T.Cast("float32", hv[r]))
+    for r in T.vectorized(R):
+        b_hi[at + r] = hv[r]
+    for r in T.vectorized(R):
+        b_lo[at + r] = lv[r]
+
+
+@T.macro
+def _stage_w(q, d, mn, b_hi, b_lo, qv, dv, mv, wv, hv, lv, bn, kt, t, BN, LDB, fmt):
+    """Columns bn*BN : +BN of W for k in kt*BK : +BK, as b[k, n] (n contiguous) in shared memory."""
+    if fmt == "f16":
+        for s in T.unroll(BN // R * BK // NT):  # items: (row group, k), 16 bytes each
+            e: T.let = s * NT + t
+            for r in T.vectorized(R):
+                hv[r] = q[bn * (BN // R) + e // BK, kt * BK + e % BK, r]
+            for r in T.vectorized(R):
+                b_hi[e % BK * LDB + e // BK * R + r] = hv[r]
+    elif fmt == "q8_0":
+        for s in T.unroll(BN // R * BK // NT):  # items: (row group, column of the 32-block)
+            e: T.let = s * NT + t
+            g: T.let = bn * (BN // R) + e // BK
+            for r in T.vectorized(R):
+                qv[r] = q[g, kt, e % BK, r]
+            for r in T.vectorized(R):
+                dv[r] = d[g, kt, r]
+            for r in T.serial(R):
+                wv[r] = T.Cast("float32", dv[r]) * T.Cast("float32", qv[r])
+            _split_store(b_hi, b_lo, wv, hv, lv, e % BK * LDB + e // BK * R)
+    else:  # q4_0 / q4_1: byte j of a 32-block holds columns j (low nibble) and j + 16 (high)
+        for s in T.unroll(BN // R * (BK // 2) // NT):
+            e: T.let = s * NT + t
+            g: T.let = bn * (BN // R) + e // (BK // 2)
+            j: T.let = e % (BK // 2)
+            for r in T.vectorized(R):
+                qv[r] = q[g, kt, j, r]
+            for r in T.vectorized(R):
+                dv[r] = d[g, kt, r]
+            if fmt == "q4_1":
+                for r in T.vectorized(R):
+                    mv[r] = mn[g, kt, r]
+            for half in T.unroll(2):
+                for r in T.serial(R):
+                    nib: T.let = T.Cast("float32", T.bitwise_and(T.shift_right(qv[r], T.Cast("uint8", half * 4)),
+                                                                 T.uint8(15)))
+                    if fmt == "q4_1":
+                        wv[r] = T.Cast("float32", dv[r]) * nib + T.Cast("float32", mv[r])
+                    else:
+                        wv[r] = T.Cast("float32", dv[r]) * (nib - T.float32(8))
+                _split_store(b_hi, b_lo, wv, hv, lv, (j + half * 16) * LDB + e // (BK // 2) * R)
+
+
+@T.macro
+def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
+    """LDA, LDB: shared row lengths of x's and W's tiles; WN: a warp's columns; FM x FN: its fragments."""
+    for bn in T.thread_binding(N // BN, thread="blockIdx.x"):
+        for bm in T.thread_binding((M + BM - 1) // BM, thread="blockIdx.y"):
+            for t in T.thread_binding(NT, thread="threadIdx.x"):
+                a_hi = T.alloc_buffer((BM * LDA,), "float16", scope="shared")
+                a_lo = T.alloc_buffer((BM * LDA,), "float16", scope="shared")
+                b_hi = T.alloc_buffer((BK * LDB,), "float16", scope="shared")
+                b_lo = T.alloc_buffer((BK * LDB,), "float16", scope="shared")
+                # per-warp staging of one finished 16x16 tile; shared.dyn keeps it out of the f16 buffers'
+                # merged allocation (an f32 pointer into it fails TVM's access_ptr check)
+                c_s = T.alloc_buffer((NT // 32 * 256,), "float32", scope="shared.dyn")
+                fa = T.alloc_buffer((FM * 16, 16), "float16", scope="wmma.matrix_a")
+                fl = T.alloc_buffer((FM * 16, 16), "float16", scope="wmma.matrix_a")
+                fb = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
+                fbl = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
+                acc = T.alloc_buffer((FM * 16, FN * 16), "float32", scope="wmma.accumulator")
+                xv = T.alloc_buffer((4,), "float32", scope="local")
+                qv = T.alloc_buffer((R,), qdtype, scope="local")
+                dv = T.alloc_buffer((R,), "float16", scope="local")
+                mv = T.alloc_buffer((R,), "float16", scope="local")
+                wv = T.alloc_buffer((R,), "float32", scope="local")
+                hv = T.alloc_buffer((R,), "float16", scope="local")
+                lv = T.alloc_buffer((R,), "float16", scope="local")
+                warp: T.let = t // 32
+                wm: T.let = warp // 2
+                wn: T.let = warp % 2
+                for i in T.serial(FM):
+                    for j in T.serial(FN):
+                        T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
+                for kt in T.serial(K // BK):
+                    _stage_x(x, a_hi, a_lo, xv, M, bm, kt, t, K, LDA)
+                    _stage_w(q, d, mn, b_hi, b_lo, qv, dv, mv, wv, hv, lv, bn, kt, t, BN, LDB, fmt)
+                    T.tvm_storage_sync("shared")
+                    for ks in T.serial(BK // 16):
+                        for i in T.serial(FM):
+                            a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
+                            T.evaluate(T.tvm_load_matrix_sync(
+                                fa.data, 16, 16, 16, i,
+                                T.tvm_access_ptr(T.type_annotation("float16"), a_hi.data, a_at, 16 * LDA, 1),
+                                LDA, "row_major"))
+                            T.evaluate(T.tvm_load_matrix_sync(
+                                fl.data, 16, 16, 16, i,
+                                T.tvm_access_ptr(T.type_annotation("float16"), a_lo.data, a_at, 16 * LDA, 1),
+                                LDA, "row_major"))
+                        for j in T.serial(FN):
+                            b_at: T.let = ks * 16 * LDB + wn * WN + j * 16
+                            T.evaluate(T.tvm_load_matrix_sync(
+                                fb.data, 16, 16, 16, j,
+                                T.tvm_access_ptr(T.type_annotation("float16"), b_hi.data, b_at, 16 * LDB, 1),
+                                LDB, "row_major"))
+                            if fmt != "f16":
+                                T.evaluate(T.tvm_load_matrix_sync(
+                                    fbl.data, 16, 16, 16, j,
+                                    T.tvm_access_ptr(T.type_annotation("float16"), b_lo.data, b_at, 16 * LDB, 1),
+                                    LDB, "row_major"))
+                        for i in T.serial(FM):
+                            for j in T.serial(FN):
+                                f: T.let = i * FN + j
+                                T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fb.data, j, acc.data, f))
+                                T.evaluate(T.tvm_mma_sync(acc.data, f, fl.data, i, fb.data, j, acc.data, f))
+                                if fmt != "f16":
+                                    T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
+                    T.tvm_storage_sync("shared")
+                for i in T.serial(FM):
+                    for j in T.serial(FN):
+                        T.evaluate(T.tvm_store_matrix_sync(
+                            acc.data, 16, 16, 16, i * FN + j,
+                            T.tvm_access_ptr(T.type_annotation("float32"), c_s.data, warp * 256, 256, 2),
+                            16, "row_major"))
+                        for s in T.serial(8):
+                            e: T.let = s * 32 + t % 32
+                            row: T.let = bm * BM + T.Cast("int64", wm * WM + i * 16 + e // 16)
+                            if row < M:
+                                y[row, bn * BN + wn * WN + j * 16 + e % 16] = c_s[warp * 256 + e]
+
+
+def _kernel(wtype: str, N: int, K: int, BN: int) -> tvm.tirx.PrimFunc:
+    G, NB = N // R, K // QUANT_BLOCK
+    tile = (BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
+
+    @T.prim_func
+    def f16(x_h: T.handle, w: T.Buffer((G, K, R), "float16"), y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, K), "float32")
+        y = T.match_buffer(y_h, (M, N), "float32")
+        _body(x, w, None, None, y, M, N, K, *tile, "f16", "float16")
+
+    @T.prim_func
+    def q8_0(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"),
+             y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, K), "float32")
+        y = T.match_buffer(y_h, (M, N), "float32")
+        _body(x, qs, d, None, y, M, N, K, *tile, "q8_0", "int8")
+
+    @T.prim_func
+    def q4_0(x_h: T.handle, qs: T.Buffer((G, NB, 16, R), "uint8"), d: T.Buffer((G, NB, R), "float16"),
+             y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, K), "float32")
+        y = T.match_buffer(y_h, (M, N), "float32")
+        _body(x, qs, d, None, y, M, N, K, *tile, "q4_0", "uint8")
+
+    @T.prim_func
+    def q4_1(x_h: T.handle, qs: T.Buffer((G, NB, 16, R), "uint8"), d: T.Buffer((G, NB, R), "float16"),
+             mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, K), "float32")
+        y = T.match_buffer(y_h, (M, N), "float32")
+        _body(x, qs, d, mn, y, M, N, K, *tile, "q4_1", "uint8")
+
+    return {"f16": f16, "q8_0": q8_0, "q4_0": q4_0, "q4_1": q4_1}[wtype]

@@ -17,6 +17,8 @@ def main() -> None:
     ap.add_argument("-wtype", default="f16")
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-history", type=int, default=512)
+    ap.add_argument("-prefill", type=int, default=0,
+                    help="also time each call of one block's prefill program over this many prompt tokens")
     args = ap.parse_args()
 
     from gpu_decode import random_model
@@ -79,13 +81,7 @@ def main() -> None:
         program.main(*call)
     dev.synchronize()
     print(f"one block main(): {1e6 * (time.perf_counter() - start) / 20:.1f} us (async launches + sync)")
-    vm.set_instrument(instrument)
-    for _ in range(5):
-        vm["main"](*call)
-    rows = sorted(((np.median(v), len(v) // 5, k) for k, v in spent.items()), reverse=True)
-    print("per call (synchronized, median), calls per block, function:")
-    for t, count, name in rows[:25]:
-        print(f"  {1e6 * t:8.1f} us  x{count:<3} {name}")
+    _per_call(vm, call, instrument, spent)
     kernels: list[tuple[str, object, tuple]] = []
 
     def collect(func, name, before, ret, *call_args):
@@ -110,6 +106,31 @@ def main() -> None:
         total += spent_us
         print(f"  {spent_us:8.2f} us  {name}")
     print(f"  {total:8.2f} us  sum over the block's kernels")
+    if args.prefill:
+        prompt = ex.new_session()
+        table = PageTable(ex.pools[dev.name])
+        table.ensure(args.prefill)
+        n = args.prefill
+        x = dev.upload(rng.standard_normal((1, n, ex.layout.config.hidden)).astype(np.float32))
+        call = (x, dev.upload(ex._cos[:n][None]), dev.upload(ex._sin[:n][None]), ex.pools[dev.name].pages,
+                table.tensor(), dev.upload(np.array([0], np.int32)), *unit.weights)
+        artifact = get_artifact(ex.kind_on(0, dev), unit.device.target, args.cache)
+        vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device)
+        spent.clear()
+        print(f"prefill of {n} tokens, one block:")
+        _per_call(vm, call, instrument, spent)
+        ex.close_session(prompt)
+
+
+def _per_call(vm, call: tuple, instrument, spent: dict[str, list[float]]) -> None:
+    """Run main 5 times with a synchronizing instrument; print each function's median time per call."""
+    vm.set_instrument(instrument)
+    for _ in range(5):
+        vm["main"](*call)
+    rows = sorted(((np.median(v), len(v) // 5, k) for k, v in spent.items()), reverse=True)
+    print("per call (synchronized, median), calls per block, function:")
+    for t, count, name in rows[:25]:
+        print(f"  {1e6 * t:8.1f} us  x{count:<3} {name}")
 
 
 if __name__ == "__main__":

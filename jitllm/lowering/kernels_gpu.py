@@ -2,8 +2,8 @@
 
 - Linear: an unscheduled compute definition (dequantize + matmul over the row-interleaved layouts);
   dlight schedules it (GEMV rules for decode, matmul for prefill) when the target builds the module.
-- Paged attention: one thread block per (sequence, query, head), NT threads stepping through the
-  history in chunks of NT positions with an online softmax; thread t < D owns output dim t.
+- Paged attention (prefill, multi-token steps): one thread block per (sequence, tile of queries, head),
+  keys staged in shared memory a few at a time, online softmax (see attention_kernel).
 - KV append: one thread block per (sequence, new token, KV head), one thread per head dim.
 """
 
@@ -67,13 +67,25 @@ def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[
     return symbol, func.with_attr("global_symbol", symbol)
 
 
+BQ, BKV = 32, 16  # prefill attention: queries per thread block, keys per step
+
+
 def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """Causal attention of S new queries over the paged history plus the new keys (prefill and
+    multi-token steps). One thread block per (sequence, tile of BQ queries, head); per step of BKV
+    keys it stages K and V in shared memory, each thread scores one query against 4 keys, one thread
+    per query updates the online softmax, and each thread accumulates its output column for its
+    queries. Keys past a query's position (and past the tile's last query) are skipped."""
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     GROUP = H // HKV
     scale = 1.0 / (D ** 0.5)
-    if D > NT:
-        raise ValueError(f"head_dim {D} > {NT} threads")
+    if D > NT or NT % D:
+        raise ValueError(f"head_dim {D} must divide {NT}")
+    QG = NT // D  # query groups: thread t owns column t % D of queries t // D, t // D + QG, ...
+    QPT = BQ // QG  # queries per thread in the output
+    KPT = BQ * BKV // NT  # keys per thread when scoring
+    QPAD = D + 1  # padded rows: threads reading one column of different rows hit different banks
     symbol = f"jl_gpu_paged_attention_h{H}_kv{HKV}_d{D}_p{P}"
 
     @T.prim_func
@@ -91,67 +103,85 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
-        for bsh in T.thread_binding(B * S * H, thread="blockIdx.x"):
+        for blk in T.thread_binding(B * ((S + BQ - 1) // BQ) * H, thread="blockIdx.x"):
             for tx in T.thread_binding(T.int64(NT), thread="threadIdx.x"):
-                q_sh = T.alloc_buffer((D,), "float32", scope="shared")
-                probs = T.alloc_buffer((NT,), "float32", scope="shared")
-                red = T.alloc_buffer((NT,), "float32", scope="shared")
-                st = T.alloc_buffer((4,), "float32", scope="local")  # running max, denominator, acc, score
-                b: T.let = bsh // (S * H)
-                s: T.let = bsh // H % S
-                h: T.let = bsh % H
+                qs = T.alloc_buffer((BQ * QPAD,), "float32", scope="shared")
+                ks = T.alloc_buffer((BKV * QPAD,), "float32", scope="shared")
+                vs = T.alloc_buffer((BKV * D,), "float32", scope="shared")
+                ps = T.alloc_buffer((BQ * BKV,), "float32", scope="shared")  # scores
+                pp = T.alloc_buffer((BQ * BKV,), "float32", scope="shared")  # probabilities
+                row_sum = T.alloc_buffer((BQ,), "float32", scope="shared")
+                rescale = T.alloc_buffer((BQ,), "float32", scope="shared")
+                st = T.alloc_buffer((2,), "float32", scope="local")
+                sm = T.alloc_buffer((4,), "float32", scope="local")
+                acc = T.alloc_buffer((QPT,), "float32", scope="local")
+                score = T.alloc_buffer((KPT,), "float32", scope="local")
+                tiles: T.let = (S + BQ - 1) // BQ
+                b: T.let = blk // (tiles * H)
+                s0: T.let = blk // H % tiles * BQ
+                h: T.let = blk % H
                 kv: T.let = h // GROUP
                 n: T.let = T.Cast("int64", past[b])
-                total: T.let = n + s + 1
-                if tx < D:
-                    q_sh[tx] = q[b, s, h, tx] * T.float32(scale)
+                keys: T.let = n + T.min(s0 + BQ, S)  # keys the tile's last query sees
+                for i in T.serial(BQ * D // NT):
+                    e: T.let = i * NT + tx
+                    qr: T.let = e // D
+                    qs[qr * QPAD + e % D] = T.if_then_else(
+                        s0 + qr < S, q[b, T.min(s0 + qr, S - 1), h, e % D] * T.float32(scale), T.float32(0))
                 st[0] = T.float32(-3.0e38)
                 st[1] = T.float32(0)
-                st[2] = T.float32(0)
+                for i in T.serial(QPT):
+                    acc[i] = T.float32(0)
+                for step in T.serial((keys + BKV - 1) // BKV):
+                    k0: T.let = step * BKV
+                    T.tvm_storage_sync("shared")
+                    for i in T.serial(BKV * D // NT):
+                        e: T.let = i * NT + tx
+                        kr: T.let = e // D
+                        pos: T.let = T.min(k0 + kr, keys - 1)
+                        fresh: T.let = T.max(pos - n, T.int64(0))
+                        page: T.let = T.Cast("int64", pt[b, T.min(pos, T.max(n - 1, T.int64(0))) // P])
+                        ks[kr * QPAD + e % D] = T.Select(pos < n, pages[page, 0, kv, pos % P, e % D],
+                                                         k[b, T.min(fresh, S - 1), kv, e % D])
+                        vs[kr * D + e % D] = T.Select(pos < n, pages[page, 1, kv, pos % P, e % D],
+                                                      v[b, T.min(fresh, S - 1), kv, e % D])
+                    T.tvm_storage_sync("shared")
+                    qr: T.let = tx // (BKV // KPT)
+                    kc: T.let = tx % (BKV // KPT) * KPT
+                    for j in T.serial(KPT):
+                        score[j] = T.float32(0)
+                    for dd in T.serial(D):
+                        for j in T.serial(KPT):
+                            score[j] = score[j] + qs[qr * QPAD + dd] * ks[(kc + j) * QPAD + dd]
+                    for j in T.serial(KPT):
+                        ps[qr * BKV + kc + j] = T.Select(k0 + kc + j <= n + s0 + qr, score[j], T.float32(-3.0e38))
+                    T.tvm_storage_sync("shared")
+                    if tx < BQ:  # thread tx keeps row tx's running max (st[0]) and sum (st[1])
+                        sm[0] = st[0]
+                        for j in T.serial(BKV):
+                            sm[0] = T.max(sm[0], ps[tx * BKV + j])
+                        sm[1] = T.exp(st[0] - sm[0])
+                        rescale[tx] = sm[1]
+                        sm[2] = T.float32(0)
+                        for j in T.serial(BKV):
+                            sm[3] = T.exp(ps[tx * BKV + j] - sm[0])
+                            pp[tx * BKV + j] = sm[3]
+                            sm[2] = sm[2] + sm[3]
+                        st[0] = sm[0]
+                        st[1] = st[1] * sm[1] + sm[2]
+                    T.tvm_storage_sync("shared")
+                    for i in T.serial(QPT):
+                        qo: T.let = tx // D + i * QG
+                        acc[i] = acc[i] * rescale[qo]
+                        for j in T.serial(BKV):
+                            acc[i] = acc[i] + pp[qo * BKV + j] * vs[j * D + tx % D]
+                if tx < BQ:
+                    row_sum[tx] = st[1]
                 T.tvm_storage_sync("shared")
-                for chunk in T.serial((total + NT - 1) // NT):
-                    t: T.let = chunk * NT + tx
-                    st[3] = T.float32(-3.0e38)
-                    if t < n:
-                        page: T.let = T.Cast("int64", pt[b, t // P])
-                        st[3] = T.float32(0)
-                        for dd in T.serial(D):
-                            st[3] = st[3] + q_sh[dd] * pages[page, 0, kv, t % P, dd]
-                    elif t < total:
-                        st[3] = T.float32(0)
-                        for dd in T.serial(D):
-                            st[3] = st[3] + q_sh[dd] * k[b, t - n, kv, dd]
-                    red[tx] = st[3]
-                    T.tvm_storage_sync("shared")
-                    for lvl in T.serial(7):
-                        half: T.let = T.shift_right(T.int64(64), T.Cast("int64", lvl))
-                        if tx < half:
-                            red[tx] = T.max(red[tx], red[tx + half])
-                        T.tvm_storage_sync("shared")
-                    new_max: T.let = T.max(st[0], red[0])
-                    T.tvm_storage_sync("shared")
-                    probs[tx] = T.if_then_else(t < total, T.exp(st[3] - new_max), T.float32(0))
-                    red[tx] = probs[tx]
-                    T.tvm_storage_sync("shared")
-                    for lvl in T.serial(7):
-                        half: T.let = T.shift_right(T.int64(64), T.Cast("int64", lvl))
-                        if tx < half:
-                            red[tx] = red[tx] + red[tx + half]
-                        T.tvm_storage_sync("shared")
-                    rescale: T.let = T.exp(st[0] - new_max)
-                    st[1] = st[1] * rescale + red[0]
-                    if tx < D:
-                        st[2] = st[2] * rescale
-                        for i in T.serial(T.min(T.int64(NT), total - chunk * NT)):
-                            ti: T.let = chunk * NT + i
-                            if ti < n:
-                                st[2] = st[2] + probs[i] * pages[T.Cast("int64", pt[b, ti // P]), 1, kv, ti % P, tx]
-                            else:
-                                st[2] = st[2] + probs[i] * v[b, ti - n, kv, tx]
-                    st[0] = new_max
-                    T.tvm_storage_sync("shared")
-                if tx < D:
-                    out[b, s, h, tx] = st[2] / st[1]
+                for i in T.serial(QPT):
+                    qo: T.let = tx // D + i * QG
+                    if s0 + qo < S:
+                        out[b, s0 + qo, h, tx % D] = acc[i] / row_sum[qo]
 
     return symbol, f.with_attr("global_symbol", symbol)
 

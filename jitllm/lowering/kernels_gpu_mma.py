@@ -9,8 +9,9 @@ f16; a dequantized weight (d · q) is not, so it is split the same way and the p
 hi·lo taken (the lo·lo term is below f32 rounding).
 
 One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each WM x BN/2); per BK = 32 step
-(one quantization block) it stages x's rows and the weights' columns in shared memory as f16, then each
-warp runs its fragments. Rows past M read row M - 1 and are not stored.
+(one quantization block) x's rows and the weights' columns sit in shared memory as f16 while each warp
+runs its fragments, and the next step's values are already on their way into registers. Rows past M
+read row M - 1 and are not stored.
 """
 
 from __future__ import annotations
@@ -38,18 +39,53 @@ def mma_linear_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFun
 
 
 @T.macro
-def _stage_x(x, a_hi, a_lo, xv, M, bm, kt, t, K, LDA):
-    """x[bm*BM : +BM, kt*BK : +BK] as f16 halves hi and lo, four floats per thread per step."""
+def _load_x(x, xv, M, bm, kt, t):
+    """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1)."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
-        row: T.let = e // (BK // 4)
-        col: T.let = e % (BK // 4) * 4
-        src: T.let = T.min(bm * BM + T.Cast("int64", row), M - 1)
+        src: T.let = T.min(bm * BM + T.Cast("int64", e // (BK // 4)), M - 1)
         for v in T.vectorized(4):
-            xv[v] = x[src, kt * BK + col + v]
+            xv[s * 4 + v] = x[src, kt * BK + e % (BK // 4) * 4 + v]
+
+
+@T.macro
+def _store_x(xv, a_hi, a_lo, t, LDA):
+    """The registers of _load_x into shared memory as f16 halves hi and lo."""
+    for s in T.unroll(BM * BK // 4 // NT):
+        e: T.let = s * NT + t
+        at: T.let = e // (BK // 4) * LDA + e % (BK // 4) * 4
         for v in T.serial(4):
-            a_hi[row * LDA + col + v] = T.Cast("float16", xv[v])
-            a_lo[row * LDA + col + v] = T.Cast("float16", xv[v] - T.Cast("float32", T.Cast("float16", xv[v])))
+            a_hi[at + v] = T.Cast("float16", xv[s * 4 + v])
+            a_lo[at + v] = T.Cast("float16", xv[s * 4 + v] - T.Cast("float32", T.Cast("float16", xv[s * 4 + v])))
+
+
+@T.macro
+def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt):
+    """Columns bn*BN : +BN of W for k in kt*BK : +BK into registers: per item, one row group's 8 values
+    (or quants) and, for quantized formats, their scales (and minimums)."""
+    if fmt == "f16" or fmt == "q8_0":
+        for s in T.unroll(BN // R * BK // NT):  # items: (row group, column)
+            e: T.let = s * NT + t
+            g: T.let = bn * (BN // R) + e // BK
+            if fmt == "f16":
+                for r in T.vectorized(R):
+                    qv[s * R + r] = q[g, kt * BK + e % BK, r]
+            else:
+                for r in T.vectorized(R):
+                    qv[s * R + r] = q[g, kt, e % BK, r]
+                for r in T.vectorized(R):
+                    dv[s * R + r] = d[g, kt, r]
+    else:  # q4_0 / q4_1 items: (row group, byte column); byte j holds columns j and j + 16
+        for s in T.unroll(BN // R * (BK // 2) // NT):
+            e: T.let = s * NT + t
+            g: T.let = bn * (BN // R) + e // (BK // 2)
+            for r in T.vectorized(R):
+                qv[s * R + r] = q[g, kt, e % (BK // 2), r]
+            for r in T.vectorized(R):
+                dv[s * R + r] = d[g, kt, r]
+            if fmt == "q4_1":
+                for r in T.vectorized(R):
+                    mv[s * R + r] = mn[g, kt, r]
 
 
 @T.macro
@@ -65,47 +101,32 @@ def _split_store(b_hi, b_lo, wv, hv, lv, at):
 
 
 @T.macro
-def _stage_w(q, d, mn, b_hi, b_lo, qv, dv, mv, wv, hv, lv, bn, kt, t, BN, LDB, fmt):
-    """Columns bn*BN : +BN of W for k in kt*BK : +BK, as b[k, n] (n contiguous) in shared memory."""
+def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt):
+    """The registers of _load_w into shared memory as b[k, n] (n contiguous); dequantized weights are
+    split into f16 halves hi and lo."""
     if fmt == "f16":
-        for s in T.unroll(BN // R * BK // NT):  # items: (row group, k), 16 bytes each
+        for s in T.unroll(BN // R * BK // NT):
             e: T.let = s * NT + t
             for r in T.vectorized(R):
-                hv[r] = q[bn * (BN // R) + e // BK, kt * BK + e % BK, r]
-            for r in T.vectorized(R):
-                b_hi[e % BK * LDB + e // BK * R + r] = hv[r]
+                b_hi[e % BK * LDB + e // BK * R + r] = qv[s * R + r]
     elif fmt == "q8_0":
-        for s in T.unroll(BN // R * BK // NT):  # items: (row group, column of the 32-block)
+        for s in T.unroll(BN // R * BK // NT):
             e: T.let = s * NT + t
-            g: T.let = bn * (BN // R) + e // BK
-            for r in T.vectorized(R):
-                qv[r] = q[g, kt, e % BK, r]
-            for r in T.vectorized(R):
-                dv[r] = d[g, kt, r]
             for r in T.serial(R):
-                wv[r] = T.Cast("float32", dv[r]) * T.Cast("float32", qv[r])
+                wv[r] = T.Cast("float32", dv[s * R + r]) * T.Cast("float32", qv[s * R + r])
             _split_store(b_hi, b_lo, wv, hv, lv, e % BK * LDB + e // BK * R)
-    else:  # q4_0 / q4_1: byte j of a 32-block holds columns j (low nibble) and j + 16 (high)
+    else:
         for s in T.unroll(BN // R * (BK // 2) // NT):
             e: T.let = s * NT + t
-            g: T.let = bn * (BN // R) + e // (BK // 2)
-            j: T.let = e % (BK // 2)
-            for r in T.vectorized(R):
-                qv[r] = q[g, kt, j, r]
-            for r in T.vectorized(R):
-                dv[r] = d[g, kt, r]
-            if fmt == "q4_1":
-                for r in T.vectorized(R):
-                    mv[r] = mn[g, kt, r]
             for half in T.unroll(2):
                 for r in T.serial(R):
-                    nib: T.let = T.Cast("float32", T.bitwise_and(T.shift_right(qv[r], T.Cast("uint8", half * 4)),
-                                                                 T.uint8(15)))
+                    nib: T.let = T.Cast("float32", T.bitwise_and(
+                        T.shift_right(qv[s * R + r], T.Cast("uint8", half * 4)), T.uint8(15)))
                     if fmt == "q4_1":
-                        wv[r] = T.Cast("float32", dv[r]) * nib + T.Cast("float32", mv[r])
+                        wv[r] = T.Cast("float32", dv[s * R + r]) * nib + T.Cast("float32", mv[s * R + r])
                     else:
-                        wv[r] = T.Cast("float32", dv[r]) * (nib - T.float32(8))
-                _split_store(b_hi, b_lo, wv, hv, lv, (j + half * 16) * LDB + e // (BK // 2) * R)
+                        wv[r] = T.Cast("float32", dv[s * R + r]) * (nib - T.float32(8))
+                _split_store(b_hi, b_lo, wv, hv, lv, (e % (BK // 2) + half * 16) * LDB + e // (BK // 2) * R)
 
 
 @T.macro
@@ -126,10 +147,10 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                 fb = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
                 fbl = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
                 acc = T.alloc_buffer((FM * 16, FN * 16), "float32", scope="wmma.accumulator")
-                xv = T.alloc_buffer((4,), "float32", scope="local")
-                qv = T.alloc_buffer((R,), qdtype, scope="local")
-                dv = T.alloc_buffer((R,), "float16", scope="local")
-                mv = T.alloc_buffer((R,), "float16", scope="local")
+                xv = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # the next tile, in flight
+                qv = T.alloc_buffer((BN * BK // NT,), qdtype, scope="local")
+                dv = T.alloc_buffer((BN * BK // NT,), "float16", scope="local")
+                mv = T.alloc_buffer((BN * BK // NT,), "float16", scope="local")
                 wv = T.alloc_buffer((R,), "float32", scope="local")
                 hv = T.alloc_buffer((R,), "float16", scope="local")
                 lv = T.alloc_buffer((R,), "float16", scope="local")
@@ -139,10 +160,16 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
+                _load_x(x, xv, M, bm, 0, t)
+                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt)
+                _store_x(xv, a_hi, a_lo, t, LDA)
+                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt)
                 for kt in T.serial(K // BK):
-                    _stage_x(x, a_hi, a_lo, xv, M, bm, kt, t, K, LDA)
-                    _stage_w(q, d, mn, b_hi, b_lo, qv, dv, mv, wv, hv, lv, bn, kt, t, BN, LDB, fmt)
                     T.tvm_storage_sync("shared")
+                    # the next tile's loads are issued before this tile's products (the last tile loads
+                    # itself again), so their latency hides behind the tensor cores
+                    _load_x(x, xv, M, bm, T.min(kt + 1, K // BK - 1), t)
+                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt)
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
                             a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
@@ -173,6 +200,8 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                                 if fmt != "f16":
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
+                    _store_x(xv, a_hi, a_lo, t, LDA)
+                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt)
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_store_matrix_sync(

@@ -26,7 +26,11 @@ def baseline(tiny_model, cache_dir):
     return _load(tiny_model, cache_dir).generate_ids(PROMPT, N)
 
 
-def test_moves_every_few_tokens_keep_the_output(tiny_model, cache_dir, baseline):
+@pytest.mark.parametrize("direct_runs", [32, 0], ids=["page-runs-copied", "pages-gathered-and-scattered"])
+def test_moves_every_few_tokens_keep_the_output(tiny_model, cache_dir, baseline, direct_runs, monkeypatch):
+    """KV pages move as direct copies per run of pages, or (many scattered pages: forced here with 0)
+    gathered by the source's export kernel and scattered by the destination's import kernel."""
+    monkeypatch.setattr("jitllm.runtime.migration.DIRECT_RUNS", direct_runs)
     model = _load(tiny_model, cache_dir)
     model.move_schedule = {3: ["0=sim:0"], 6: ["1=sim:0,head=sim:1"], 9: ["0-1=sim:1"], 12: ["*=host"],
                            15: ["head=sim:0,0=sim:1"], 20: ["*=host,head=host"]}

@@ -116,6 +116,8 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 sm = T.alloc_buffer((4,), "float32", scope="local")
                 acc = T.alloc_buffer((QPT,), "float32", scope="local")
                 score = T.alloc_buffer((KPT,), "float32", scope="local")
+                vv = T.alloc_buffer((4,), "float32", scope="local")
+                p4 = T.alloc_buffer((4,), "float32", scope="local")
                 tiles: T.let = (S + BQ - 1) // BQ
                 b: T.let = blk // (tiles * H)
                 s0: T.let = blk // H % tiles * BQ
@@ -130,7 +132,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         s0 + qr < S, q[b, T.min(s0 + qr, S - 1), h, e % D] * T.float32(scale), T.float32(0))
                 st[0] = T.float32(-3.0e38)
                 st[1] = T.float32(0)
-                for i in T.serial(QPT):
+                for i in T.unroll(QPT):
                     acc[i] = T.float32(0)
                 for step in T.serial((keys + BKV - 1) // BKV):
                     k0: T.let = step * BKV
@@ -148,12 +150,12 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                     T.tvm_storage_sync("shared")
                     qr: T.let = tx // (BKV // KPT)
                     kc: T.let = tx % (BKV // KPT) * KPT
-                    for j in T.serial(KPT):
+                    for j in T.unroll(KPT):
                         score[j] = T.float32(0)
                     for dd in T.serial(D):
-                        for j in T.serial(KPT):
+                        for j in T.unroll(KPT):
                             score[j] = score[j] + qs[qr * QPAD + dd] * ks[(kc + j) * QPAD + dd]
-                    for j in T.serial(KPT):
+                    for j in T.unroll(KPT):
                         ps[qr * BKV + kc + j] = T.Select(k0 + kc + j <= n + s0 + qr, score[j], T.float32(-3.0e38))
                     T.tvm_storage_sync("shared")
                     if tx < BQ:  # thread tx keeps row tx's running max (st[0]) and sum (st[1])
@@ -170,15 +172,20 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[0] = sm[0]
                         st[1] = st[1] * sm[1] + sm[2]
                     T.tvm_storage_sync("shared")
-                    for i in T.serial(QPT):
-                        qo: T.let = tx // D + i * QG
-                        acc[i] = acc[i] * rescale[qo]
-                        for j in T.serial(BKV):
-                            acc[i] = acc[i] + pp[qo * BKV + j] * vs[j * D + tx % D]
+                    for i in T.unroll(QPT):
+                        acc[i] = acc[i] * rescale[tx // D + i * QG]
+                    for j4 in T.serial(BKV // 4):  # 4 keys: their V values in registers, each query's 4 probabilities in one load
+                        for r in T.unroll(4):
+                            vv[r] = vs[(j4 * 4 + r) * D + tx % D]
+                        for i in T.unroll(QPT):
+                            for r in T.vectorized(4):
+                                p4[r] = pp[(tx // D + i * QG) * BKV + j4 * 4 + r]
+                            for r in T.unroll(4):
+                                acc[i] = acc[i] + p4[r] * vv[r]
                 if tx < BQ:
                     row_sum[tx] = st[1]
                 T.tvm_storage_sync("shared")
-                for i in T.serial(QPT):
+                for i in T.unroll(QPT):
                     qo: T.let = tx // D + i * QG
                     if s0 + qo < S:
                         out[b, s0 + qo, h, tx % D] = acc[i] / row_sum[qo]

@@ -7,6 +7,7 @@ the build forces nvcc and, without a driver, runs on a stub libcuda (cuda_runtim
 from __future__ import annotations
 
 import os
+import re
 
 import tvm
 
@@ -17,11 +18,13 @@ class CudaTarget:
                "kernels_gpu_mma.py")
 
     def __init__(self, arch: str = "sm_90") -> None:
-        if not arch.startswith("sm_"):
+        match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+        if match is None:
             from jitllm.errors import JitllmError
 
-            raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90)")
+            raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90 or sm_90a)")
         self.arch = arch
+        self.compute_capability = int(match.group(1))
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
@@ -41,7 +44,7 @@ class CudaTarget:
         from jitllm.lowering.kernels_gpu import linear_kernel
         from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
 
-        mma = mma_linear_kernel(wtype, n, k) if rows is None and int(self.arch[3:]) >= 70 else None
+        mma = mma_linear_kernel(wtype, n, k) if rows is None and self.compute_capability >= 70 else None
         return mma or linear_kernel(wtype, n, k, rows)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):

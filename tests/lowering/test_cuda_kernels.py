@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from jitllm.errors import JitllmError
 from jitllm.lowering.cuda import CudaTarget
 
 
@@ -14,6 +17,13 @@ def test_prefill_linears_take_tensor_cores_where_the_shape_and_arch_allow():
     assert not sm90.linear_kernel("f16", 96, 64)[0].startswith("jl_gpu_mma")  # N not a multiple of 64
     assert not sm90.linear_kernel("f16", 128, 64, rows=1)[0].startswith("jl_gpu_mma")  # decode: GEMV
     assert not CudaTarget("sm_61").linear_kernel("f16", 128, 64)[0].startswith("jl_gpu_mma")  # no WMMA
+    assert CudaTarget("sm_90a").linear_kernel("f16", 128, 64)[0].startswith("jl_gpu_mma")
+
+
+def test_bad_arch_is_a_clear_error():
+    for arch in ("sm_", "sm_x9", "compute_90", "90"):
+        with pytest.raises(JitllmError, match="bad CUDA arch"):
+            CudaTarget(arch)
 
 
 def test_tensor_core_kernel_keeps_symbolic_rows():

@@ -1,0 +1,156 @@
+"""Prefill kernels one at a time: the tensor-core linears (against the f32 CUDA-core kernel they replaced)
+and the tiled prefill attention, checked against float64 numpy and timed on the GPU.
+
+    python bench/gpu_kernels.py build [-out build/gpu_kernels]        # here: full TVM, nvcc
+    python3 bench/gpu_kernels.py run [-dir build/gpu_kernels]         # there (carry the folder)
+
+`build` compiles, for the benchmark shapes (the 3B shape's fused Q/K/V, O, gate/up and down matrices;
+SmolLM2's Q/K/V and down; every weight format the tensor-core kernel takes), one module per linear
+holding `mma` (jitllm's prefill kernel) and `simt` (the dlight-scheduled f32 kernel, the stop 11 path),
+and one module per attention shape. `run` prints, per kernel and row count, the median time of 3 x 20
+launches, TFLOP/s and the largest error relative to the largest float64 output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+LINEARS = {"llama-3.2-3b": [(5120, 3072), (3072, 3072), (16384, 3072), (3072, 8192)],
+           "smollm2-135m": [(960, 576), (576, 1536)]}
+FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
+ATTENTION_CASES = [(1, 512, [0]), (2, 37, [5, 100]), (1, 70, [33])]  # (batch, new tokens, history per sequence)
+P = 16  # page size
+
+
+def build(out: Path) -> None:
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+    from jitllm.lowering.kernels_gpu import attention_kernel, linear_kernel
+    from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
+    from jitllm.random_model import preset_layout
+
+    ensure_cuda_runtime(allow_stub=True)
+    os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host={"kind": "llvm"})
+    out.mkdir(parents=True, exist_ok=True)
+
+    def compile_to(name: str, funcs: dict) -> None:
+        start = time.perf_counter()
+        mod = tvm.IRModule({k: f.with_attr("global_symbol", k) for k, f in funcs.items()})
+        with target, tvm.transform.PassContext(opt_level=3):
+            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())(mod)
+            lib = tvm.tirx.build(mod, target=target)
+        tmp = out / f"{name}.tmp.so"
+        lib.export_library(str(tmp))
+        tmp.replace(out / f"{name}.so")
+        print(f"built {name} in {time.perf_counter() - start:.1f}s", flush=True)
+
+    manifest = {"linears": [], "attention": []}
+    for preset, shapes in LINEARS.items():
+        for n, k in shapes:
+            for wtype in FORMATS:
+                name = f"linear_{wtype}_{n}x{k}"
+                compile_to(name, {"mma": mma_linear_kernel(wtype, n, k)[1], "simt": linear_kernel(wtype, n, k)[1]})
+                manifest["linears"].append({"name": name, "wtype": wtype, "n": n, "k": k})
+    for preset in LINEARS:
+        kind = preset_layout(preset, "f16").block_kinds[0]
+        c, name = kind.config, f"attention_{preset}"
+        compile_to(name, {"attention": attention_kernel(kind)[1]})
+        manifest["attention"].append({"name": name, "heads": c.heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def random_weights(wtype: str, n: int, k: int, rng) -> tuple[list[np.ndarray], np.ndarray]:
+    """The kernel's weight arguments (jitllm's layout parts of a random [n, k] matrix, quantized by gguf's
+    reference quantizers as `jitllm convert` does) and the float64 matrix they dequantize to."""
+    from jitllm.quant import dequantize, parts_from_float
+
+    parts = parts_from_float(wtype, rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
+    return list(parts.values()), dequantize(wtype, parts).astype(np.float64)
+
+
+def attention_reference(q, k, v, pages, pt, past) -> np.ndarray:
+    """Causal attention of the new queries over each sequence's paged history plus the new keys."""
+    batch, s, heads, d = q.shape
+    kv_heads = k.shape[2]
+    out = np.zeros(q.shape)
+    for b in range(batch):
+        n = past[b]
+        rows = [pages[pt[b, t // P], :, :, t % P, :] for t in range(n)]
+        keys = np.concatenate([np.array([r[0] for r in rows]).reshape(n, kv_heads, d), k[b]]).astype(np.float64)
+        values = np.concatenate([np.array([r[1] for r in rows]).reshape(n, kv_heads, d), v[b]]).astype(np.float64)
+        masked = np.arange(n + s)[None, :] > (n + np.arange(s))[:, None]
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            scores = q[b, :, h].astype(np.float64) @ keys[:, kv].T / np.sqrt(d)
+            scores[masked] = -np.inf
+            p = np.exp(scores - scores.max(1, keepdims=True))
+            out[b, :, h] = (p / p.sum(1, keepdims=True)) @ values[:, kv]
+    return out
+
+
+def run(folder: Path) -> None:
+    import tvm
+
+    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+
+    ensure_cuda_runtime(allow_stub=False)
+    dev = tvm.cuda(0)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    up = lambda a: tvm.runtime.tensor(a, dev)  # noqa: E731
+    rng = np.random.default_rng(0)
+    for entry in manifest["linears"]:
+        n, k = entry["n"], entry["k"]
+        lib = tvm.runtime.load_module(str(folder / f"{entry['name']}.so"))
+        parts, w = random_weights(entry["wtype"], n, k, rng)
+        weights = [up(p) for p in parts]
+        for m in (512, 2048):
+            x = rng.standard_normal((m, k), dtype=np.float32)
+            exact = x.astype(np.float64) @ w.T
+            line = [f"{entry['wtype']:>5} {n:>5} x {k:<5} M={m:<5}"]
+            for fn in ("simt", "mma"):
+                y = tvm.runtime.empty((m, n), "float32", dev)
+                lib[fn](up(x), *weights, y)
+                err = np.abs(y.numpy() - exact).max() / np.abs(exact).max()
+                t = lib.time_evaluator(fn, dev, number=20, repeat=3)(up(x), *weights, y).median
+                line.append(f"{fn} {t * 1e6:8.1f} us {2 * m * n * k / t / 1e12:6.1f} TFLOP/s err {err:.1e}")
+            print(" | ".join(line), flush=True)
+    for entry in manifest["attention"]:
+        lib = tvm.runtime.load_module(str(folder / f"{entry['name']}.so"))
+        heads, kv_heads, d = entry["heads"], entry["kv_heads"], entry["head_dim"]
+        for batch, s, pasts in ATTENTION_CASES:
+            pages = rng.standard_normal((80, 2, kv_heads, P, d)).astype(np.float32)
+            pt = np.stack([rng.permutation(80)[:40] for _ in range(batch)]).astype(np.int32)
+            q = rng.standard_normal((batch, s, heads, d)).astype(np.float32)
+            k = rng.standard_normal((batch, s, kv_heads, d)).astype(np.float32)
+            v = rng.standard_normal((batch, s, kv_heads, d)).astype(np.float32)
+            past = np.array(pasts, np.int32)
+            args = [up(a) for a in (q, k, v, pages, pt, past)]
+            out = tvm.runtime.empty(q.shape, "float32", dev)
+            lib["attention"](*args, out)
+            err = np.abs(out.numpy() - attention_reference(q, k, v, pages, pt, past)).max()
+            t = lib.time_evaluator("attention", dev, number=10, repeat=3)(*args, out).median
+            print(f"attention {entry['name'][10:]} batch {batch} new {s} history {pasts}: {t * 1e6:.1f} us, "
+                  f"max error {err:.1e}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("step", choices=["build", "run"])
+    ap.add_argument("-out", "-dir", dest="folder", default="build/gpu_kernels")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    (build if args.step == "build" else run)(Path(args.folder))
+
+
+if __name__ == "__main__":
+    main()

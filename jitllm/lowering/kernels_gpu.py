@@ -23,6 +23,13 @@ def _i64(v: int) -> tirx.IntImm:
     return tirx.IntImm("int64", v)
 
 
+def without_params(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
+    """`func` without the named parameters: a kernel written once for every variant takes the union
+    of their inputs, and each variant drops those its body never reads."""
+    return tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type,
+                             func.attrs)
+
+
 def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
     """One activation row (`rows` == 1, decode) takes the hand-scheduled GEMV of kernels_gpu_gemv.py;
     otherwise an unscheduled compute definition for dlight's matmul rules."""

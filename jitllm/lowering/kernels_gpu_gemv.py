@@ -23,6 +23,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+from jitllm.lowering.kernels_gpu import without_params
 
 R = ROW_GROUP
 
@@ -51,9 +52,7 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
         symbol += f"_eps{np.float32(eps).view(np.uint32):08x}"  # float bits: symbols take no '.' or '-'
     factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
     func = factory(wtype, n // R, k, fold)
-    unused = {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
-    func = tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type,
-                             func.attrs)
+    func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})
     return symbol, func.with_attr("global_symbol", symbol)
 
 

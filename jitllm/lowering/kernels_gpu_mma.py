@@ -20,6 +20,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.lowering.kernels_gpu import without_params
 
 R = ROW_GROUP
 BM, BK, WM = 64, QUANT_BLOCK, 32
@@ -216,42 +217,20 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
 
 
 def _kernel(wtype: str, N: int, K: int, BN: int) -> tvm.tirx.PrimFunc:
+    """One signature for every format: x, the quants (or f16 weights) q, scales d, minimums mn, y;
+    formats without scales (f16) or minimums (all but Q4_1) drop those parameters."""
     G, NB = N // R, K // QUANT_BLOCK
+    qshape, qdtype = {"f16": ((G, K, R), "float16"), "q8_0": ((G, NB, 32, R), "int8"),
+                      "q4_0": ((G, NB, 16, R), "uint8"), "q4_1": ((G, NB, 16, R), "uint8")}[wtype]
     tile = (BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
 
     @T.prim_func
-    def f16(x_h: T.handle, w: T.Buffer((G, K, R), "float16"), y_h: T.handle):
+    def f(x_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
+          mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         M = T.int64()
         x = T.match_buffer(x_h, (M, K), "float32")
         y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, w, None, None, y, M, N, K, *tile, "f16", "float16")
+        _body(x, q, d, mn, y, M, N, K, *tile, wtype, qdtype)
 
-    @T.prim_func
-    def q8_0(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"),
-             y_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        M = T.int64()
-        x = T.match_buffer(x_h, (M, K), "float32")
-        y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, qs, d, None, y, M, N, K, *tile, "q8_0", "int8")
-
-    @T.prim_func
-    def q4_0(x_h: T.handle, qs: T.Buffer((G, NB, 16, R), "uint8"), d: T.Buffer((G, NB, R), "float16"),
-             y_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        M = T.int64()
-        x = T.match_buffer(x_h, (M, K), "float32")
-        y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, qs, d, None, y, M, N, K, *tile, "q4_0", "uint8")
-
-    @T.prim_func
-    def q4_1(x_h: T.handle, qs: T.Buffer((G, NB, 16, R), "uint8"), d: T.Buffer((G, NB, R), "float16"),
-             mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        M = T.int64()
-        x = T.match_buffer(x_h, (M, K), "float32")
-        y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, qs, d, mn, y, M, N, K, *tile, "q4_1", "uint8")
-
-    return {"f16": f16, "q8_0": q8_0, "q4_0": q4_0, "q4_1": q4_1}[wtype]
+    return without_params(f, {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"}))

@@ -8,7 +8,6 @@ import os
 import click
 
 
-
 def opt(name: str, *args, **kwargs):
     """An option that answers to both the seed style `-name` and `--name`."""
     return click.option(f"-{name}", f"--{name}", *args, **kwargs)

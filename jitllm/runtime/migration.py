@@ -67,8 +67,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
             for session in executor.sessions.values():
                 old = session.tables.get(index)
                 if old is not None and old.ids:
-                    new_tables[session.id] = PageTable(pool)
-                    new_tables[session.id].ensure(len(old.ids) * pool.page_size)
+                    new = new_tables[session.id] = PageTable(pool)
+                    new.ensure(len(old.ids) * pool.page_size)
             clock.mark("kv pages")
             for session_id, new in new_tables.items():
                 old = executor.sessions[session_id].tables[index]

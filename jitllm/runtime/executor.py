@@ -28,7 +28,8 @@ from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
-from jitllm.runtime.step_graphs import GraphRecord, Segment, StepInputs, capture_segment, segment_objects, segments
+from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepInputs, capture_segment, segment_objects, segments,
+                                        signature)
 
 
 @dataclass
@@ -205,13 +206,15 @@ class Executor:
                 raise DeviceFault(segment.device.name, _last_line(e)) from e
         session.length = past + n
         session.tokens += ids
-        return x.numpy()[0, -1]
+        return x if isinstance(x, np.ndarray) else x.numpy()[0, -1]
 
     def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
         if n == 1:
-            return self._run_units(session, segment, self._step_inputs(session, dev, x, past), 1)
+            step = self._step_inputs(session, segment, x, past)
+            out = self._run_units(session, segment, step, 1)
+            return step.staging.logits[0, -1].copy() if segment.head is not None else out
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
@@ -220,7 +223,10 @@ class Executor:
     def _run_units(self, session: Session, segment: Segment, step: StepInputs, n: int,
                    call: Callable = lambda fn, *args: fn(*args)):
         """The segment's units over `step`'s inputs, their functions launched through `call` (directly,
-        or recorded into a graph)."""
+        or recorded into a graph). A decode step's inputs come from, and its logits go to, host arrays
+        (StepInputs.staging) by transfers launched through `call` too."""
+        if step.staging is not None:
+            call(step.upload)
         h = step.x
         for unit in segment.blocks:
             if unit.kind.kind == "gla":
@@ -235,31 +241,37 @@ class Executor:
             return h
         if n > 1:
             h = segment.device.upload(h.numpy()[:, -1:])
-        return call(segment.head.program_for(1).main, h, *segment.head.weights)
+        logits = call(segment.head.program_for(1).main, h, *segment.head.weights)
+        if step.staging is not None:
+            call(step.download, logits)
+        return logits
 
-    def _step_inputs(self, session: Session, device: Device, x, past: int) -> StepInputs:
-        """The session's decode inputs on `device` (made once), holding this token's values."""
+    def _step_inputs(self, session: Session, segment: Segment, x, past: int) -> StepInputs:
+        """The session's decode inputs on the segment's device (made once), holding this token's values."""
+        device = segment.device
         step = session.step_inputs.get(device.name)
-        if step is None:
+        if step is None or (segment.head is not None and step.staging.logits is None):
             cfg = self.layout.config
-            step = session.step_inputs[device.name] = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2)
+            vocab = cfg.vocab if self.head.device is device else None
+            step = session.step_inputs[device.name] = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, vocab)
         step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
         return step
 
-    def _replay_segment(self, session: Session, segment: Segment, x, past: int) -> tvm.runtime.Tensor:
-        """One decode step of the segment as a captured graph (captured again when what it baked changed)."""
-        step = self._step_inputs(session, segment.device, x, past)
+    def _replay_segment(self, session: Session, segment: Segment, x, past: int) -> tvm.runtime.Tensor | np.ndarray:
+        """One decode step of the segment as a captured graph (captured again when what it baked changed):
+        its hidden state out, or the logits row where it ends with the head."""
+        step = self._step_inputs(session, segment, x, past)
         objects = segment_objects(session, segment)
         key = (session.id, segment.blocks[0].index if segment.blocks else HEAD)
         record = self._graphs.get(key)
-        if record is None or record.signature != tuple(map(id, objects)):
+        if record is None or record.signature != signature(objects, step):
             record = self._graphs[key] = capture_segment(
-                segment.device.graphs, objects, lambda call: self._run_units(session, segment, step, 1, call))
+                segment.device.graphs, objects, step, lambda call: self._run_units(session, segment, step, 1, call))
             if self.log:
                 self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                          f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
         record.graph.replay()
-        return record.output
+        return step.staging.logits[0, -1].copy() if segment.head is not None else record.output
 
     def drop_graphs(self, session: Session | None = None) -> None:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""

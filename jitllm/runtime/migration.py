@@ -33,8 +33,9 @@ class MoveReport:
     state_bytes: int = 0
     """Recurrent state copied (GLA blocks: every live session's)."""
     phases: tuple[tuple[str, float], ...] = ()
-    """Seconds per phase: program (lookup, budget), weights, kv pages (allocation), kv (copies, or
-    recurrent state), sync, switch."""
+    """Seconds per phase: program (lookup, budget), weights (alloc, copy, aliases; or one `weights` phase
+    where the destination lays the unit out afresh), kv pages (allocation), kv (copies, or recurrent
+    state), sync, switch."""
 
     def describe(self) -> str:
         what = "head" if self.unit == "head" else f"block {self.unit}"
@@ -58,10 +59,10 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     kv_bytes = state_bytes = 0
     try:
         if kind == unit.kind:
-            weights = unit.weights.to(dest)
+            weights = unit.weights.to(dest, clock.mark)
         else:  # fused on one side, separate on the other: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
-        clock.mark("weights")
+            clock.mark("weights")
         if unit.kind.kind == "llama":
             pool = executor.pool(dest)
             for session in executor.sessions.values():

@@ -1,57 +1,24 @@
 """A unit's weights in one allocation per device, so loading or moving a block is one allocation and
 one copy whatever the number of its tensors (a small block's move was mostly per-tensor costs).
 
-The tensors the programs take are aliases into that allocation. TVM's kernels reject a tensor whose
-DLTensor has a nonzero `byte_offset`, and TVM's own views keep the offset there; so each alias is a
-view whose exported DLPack tensor has the offset moved into its data pointer, imported back as a
-tensor of its own. The import keeps the view (and so the allocation) alive until the alias dies.
+The tensors the programs take are aliases into that allocation (jitllm.runtime.dlpack.alias: TVM's
+kernels reject TVM's own views, which keep their offset in the DLTensor's byte_offset).
 """
 
 from __future__ import annotations
 
-import ctypes
+from typing import Callable
 
 import numpy as np
 import tvm
-import tvm_ffi
+
+from jitllm.runtime.dlpack import alias
 
 ALIGN = 256
 """Byte alignment of each tensor in the allocation (vector loads, and the CUDA allocator's own)."""
 
 Layout = tuple[tuple[tuple[int, ...], str, int], ...]
 """(shape, dtype, byte offset) of each tensor, in the order the unit's program takes them."""
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-
-
-class _Exported:
-    """A DLPack producer handing out one prepared capsule."""
-
-    def __init__(self, capsule: object, device: tuple[int, int]) -> None:
-        self.capsule, self.device = capsule, device
-
-    def __dlpack__(self, *args: object, **kwargs: object) -> object:
-        return self.capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.device
-
-
-def alias(buffer: tvm.runtime.Tensor, shape: tuple[int, ...], dtype: str, offset: int) -> tvm.runtime.Tensor:
-    """A tensor over `buffer`'s bytes from `offset`, with byte_offset 0 (the offset in its data pointer)."""
-    capsule = buffer._create_view(shape, dtype, offset)._to_dlpack()
-    dl = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    dl.data, dl.byte_offset = dl.data + dl.byte_offset, 0
-    return tvm_ffi.from_dlpack(_Exported(capsule, (dl.device_type, dl.device_id)))
 
 
 def _aligned(n: int) -> int:
@@ -80,6 +47,13 @@ class PackedWeights(list):
                 at += part.nbytes
         return cls(buffer, tuple(layout))
 
-    def to(self, device) -> "PackedWeights":
-        """The same weights on `device`: one allocation and one copy of it."""
-        return PackedWeights(self.buffer.copyto(device.tvm_device), self.layout)
+    def to(self, device, mark: Callable[[str], None] = lambda phase: None) -> "PackedWeights":
+        """The same weights on `device`: one allocation and one copy of it (`mark` is called after the
+        allocation, the copy and the aliases, for a move's phase clock)."""
+        buffer = device.empty(self.buffer.shape, "uint8")
+        mark("weights alloc")
+        buffer.copyfrom(self.buffer)
+        mark("weights copy")
+        moved = PackedWeights(buffer, self.layout)
+        mark("weights aliases")
+        return moved

@@ -6,7 +6,10 @@ buffer addresses, so the record keeps every tensor it was captured with and a si
 objects the step would use now (weights, page pool, page tables, device); a move, a pool growth or a
 page table outgrowing its capacity changes the signature and the segment is captured again. Inputs
 that change per token (hidden state, rope row, position) live in the session's per-device
-`StepInputs`, overwritten in place before each step (eager or replayed).
+`StepInputs`: the host writes them into host arrays, and the step itself (eager or replayed) begins
+by copying them to the device and, where it ends with the head, ends by copying the logits back. On
+CUDA those arrays are pinned and both copies are nodes of the captured graph, so a decode step is
+one graph launch and one wait: no other call into the driver per token.
 
 `ReplayRecorder` is the host's stand-in for CUDA graphs: it records the calls with their tensors and
 replays them writing results back into the captured outputs, which is what fixed addresses do — so
@@ -28,7 +31,28 @@ class StepGraph(Protocol):
     def replay(self) -> None: ...
 
 
-class GraphRecorder(Protocol):
+class Transfers(Protocol):
+    """How a device's decode inputs and logits cross between host arrays and device tensors."""
+
+    def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray: ...
+    def copy_in(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None: ...
+    def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None: ...
+
+
+class PlainTransfers:
+    """Ordinary host arrays and TVM's synchronous copies (devices without captured graphs)."""
+
+    def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def copy_in(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None:
+        tensor.copyfrom(array)
+
+    def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None:
+        array[...] = tensor.numpy()
+
+
+class GraphRecorder(Transfers, Protocol):
     def capture(self, body: Callable[[Callable], object]) -> tuple[StepGraph, object]: ...
 
 
@@ -61,26 +85,58 @@ def segments(blocks: list, head) -> list[Segment]:
 
 @dataclass
 class StepInputs:
-    """A decode step's per-token inputs on one device, rewritten in place every token (no allocation)."""
+    """A step's inputs on one device. Decode steps keep theirs per session (`on`): device tensors
+    rewritten in place every token from `staging` (no allocation, fixed addresses)."""
 
     x: tvm.runtime.Tensor
     cos: tvm.runtime.Tensor
     sin: tvm.runtime.Tensor
     past: tvm.runtime.Tensor
+    staging: "HostStaging | None" = None
 
     @classmethod
-    def on(cls, device: Device, hidden: int, half: int) -> "StepInputs":
-        return cls(device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
+    def on(cls, device: Device, hidden: int, half: int, vocab: int | None) -> "StepInputs":
+        """Decode inputs on `device`; `vocab` where the step ends with the head there (its logits come back
+        through a host array too)."""
+        transfers = device.graphs if device.graphs is not None else PlainTransfers()
+        tensors = (device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
                    device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
+        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab))
 
     def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
-        if isinstance(x, np.ndarray):
-            self.x.copyfrom(x)
+        """This token's values into the host arrays; a hidden state already on a device (from the segment
+        before) is copied into `x` directly."""
+        host = self.staging
+        host.x_staged = isinstance(x, np.ndarray)
+        if host.x_staged:
+            host.x[...] = x
         else:
             x.copyto(self.x)
-        self.cos.copyfrom(cos)
-        self.sin.copyfrom(sin)
-        self.past.copyfrom(np.array([past], np.int32))
+        host.cos[...], host.sin[...], host.past[0] = cos, sin, past
+
+    def upload(self) -> None:
+        """The host arrays into the device tensors (the first thing a decode step does)."""
+        host = self.staging
+        if host.x_staged:
+            host.transfers.copy_in(self.x, host.x)
+        for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
+            host.transfers.copy_in(tensor, array)
+
+    def download(self, logits: tvm.runtime.Tensor) -> None:
+        """The head's logits into the host array (the last thing a decode step ending with the head does)."""
+        self.staging.transfers.copy_out(self.staging.logits, logits)
+
+
+class HostStaging:
+    """Host arrays of a device's decode inputs (and logits), from the device's transfers: pinned memory
+    on CUDA, so the copies can be nodes of a captured graph."""
+
+    def __init__(self, transfers: Transfers, tensors: tuple, vocab: int | None) -> None:
+        self.transfers = transfers
+        self.x, self.cos, self.sin, self.past = (transfers.host_array(t.shape, t.dtype) for t in tensors)
+        self.logits = transfers.host_array((1, 1, vocab), "float32") if vocab else None
+        self.x_staged = True
+        """Whether this step's hidden state came from the host (then `upload` copies it), not a device."""
 
 
 @dataclass
@@ -106,7 +162,14 @@ def segment_objects(session, segment: Segment) -> list:
     return objects
 
 
-def capture_segment(recorder: GraphRecorder, objects: list, run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
+def signature(objects: list, step: StepInputs) -> tuple:
+    """What a captured step must match to be replayed: the ids of what it baked in, and whether it
+    begins by uploading the hidden state (the first segment) or takes it from a device."""
+    return tuple(map(id, objects)) + (step.staging.x_staged,)
+
+
+def capture_segment(recorder: GraphRecorder, objects: list, step: StepInputs,
+                    run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
     """Capture `run(call)`, one decode step launching its functions through `call(fn, *args)` (a recorder
     may also run it while capturing, so its inputs must already hold this token's values)."""
     keep = list(objects)
@@ -121,10 +184,10 @@ def capture_segment(recorder: GraphRecorder, objects: list, run: Callable[[Calla
         return run(keeping)
 
     graph, output = recorder.capture(body)
-    return GraphRecord(tuple(map(id, objects)), graph, output, keep)
+    return GraphRecord(signature(objects, step), graph, output, keep)
 
 
-class ReplayRecorder:
+class ReplayRecorder(PlainTransfers):
     """Host stand-in for CUDA graphs (see the module docstring)."""
 
     def __init__(self) -> None:

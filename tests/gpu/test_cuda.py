@@ -72,6 +72,25 @@ def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
     assert split.generate_ids(prompt, 24) == host
 
 
+def test_captured_steps_carry_their_inputs_and_logits(tiny_model, cache_dir):
+    """Replayed decode steps (inputs and logits through pinned host arrays, copied by the graph's own
+    nodes) give the logits of eager steps, token by token."""
+    from jitllm.model import load
+
+    prompt = list(range(4, 30))
+    graphs = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir).executor
+    eager = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir).executor
+    eager.graphs = False
+    a_session, b_session = graphs.new_session(), eager.new_session()
+    a, b = graphs.forward(a_session, prompt), eager.forward(b_session, prompt)
+    for _ in range(8):
+        token = int(b.argmax())
+        a, b = graphs.forward(a_session, [token]), eager.forward(b_session, [token])
+        assert np.abs(a - b).max() < 1e-5
+    assert len(graphs._graphs) == 1
+    assert a_session.step_inputs["cuda:0"].staging.transfers is graphs.head.device.graphs
+
+
 def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
     from jitllm.model import load
     from jitllm.runtime.sampling import SamplingParams

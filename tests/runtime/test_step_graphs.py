@@ -4,6 +4,7 @@ fixed addresses. Output must equal the eager run; moves, pool growth and new ses
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from jitllm.model import load
@@ -89,3 +90,33 @@ def test_sessions_capture_their_own_steps(tiny_model, cache_dir, baseline):
     assert sim0.graphs.captures == 2
     ex.close_session(b)
     assert all(key[0] == a.id for key in ex._graphs)
+
+
+def test_a_captured_step_moves_its_inputs_and_logits_itself(tiny_model, cache_dir):
+    """The host only writes host arrays; the step's first call copies them in and its last copies the
+    logits out, so a replay needs nothing else (on CUDA both are graph nodes over pinned memory)."""
+    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    ex = model.executor
+    session = ex.new_session()
+    ex.forward(session, PROMPT)
+    ex.forward(session, [7])
+    (record,) = ex._graphs.values()
+    step = session.step_inputs["sim:0"]
+    calls = [fn for fn, _, _ in record.graph.calls]
+    assert calls[0] == step.upload and calls[-1] == step.download
+    logits = ex.forward(session, [8])
+    assert sim0.graphs.captures == 1
+    assert np.array_equal(logits, step.staging.logits[0, -1])
+    assert int(step.past.numpy()[0]) == len(PROMPT) + 1
+
+
+def test_a_segment_fed_from_another_device_does_not_upload_the_hidden_state(tiny_model, cache_dir, baseline):
+    model, _ = _load(tiny_model, cache_dir, placement="0=sim:0,1=sim:1,head=sim:1")
+    ex = model.executor
+    session = ex.new_session()
+    ex.forward(session, PROMPT)
+    ex.forward(session, [7])
+    first, second = session.step_inputs["sim:0"].staging, session.step_inputs["sim:1"].staging
+    assert first.x_staged and not second.x_staged
+    assert first.logits is None and second.logits is not None
+    assert model.generate_ids(PROMPT, N) == baseline

@@ -6,6 +6,10 @@ make our stream current for the device, begin a capture on it, run the step's VM
 capture mode allows), end the capture and instantiate the graph. A replay launches every recorded
 kernel with the buffer addresses of the capture: callers must keep those buffers alive and unchanged
 in place (jitllm.runtime.step_graphs does).
+
+The recorder is also the device's `Transfers`: a step's host arrays are pinned (cuMemHostAlloc), and
+the copies between them and the device tensors, issued on the capture stream while capturing, become
+nodes of the graph, so a replayed decode step needs no other driver call than its launch and wait.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import ctypes
 from typing import Callable
 
+import numpy as np
 import tvm
 
 from jitllm.errors import DeviceFault
+from jitllm.runtime.dlpack import data_pointer
 
 CU_STREAM_NON_BLOCKING = 1
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
@@ -54,12 +60,57 @@ class CudaGraph:
             self._exec = None
 
 
+class _PinnedMemory:
+    """Page-locked host memory from the driver, freed when the last array over it is gone."""
+
+    def __init__(self, nbytes: int, device: str) -> None:
+        self.address = None
+        pointer = ctypes.c_void_p()
+        _check(_cuda().cuMemHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(max(nbytes, 1)), 0),
+               f"cuMemHostAlloc of {nbytes} bytes", device)
+        self.address = pointer.value
+
+    def __del__(self) -> None:
+        if self.address and _driver is not None:
+            _driver.cuMemFreeHost(ctypes.c_void_p(self.address))
+            self.address = None
+
+
 class CudaGraphRecorder:
     """Captures steps of one CUDA device on a stream of its own."""
 
     def __init__(self, device: tvm.runtime.Device, name: str) -> None:
         self._device, self._name = device, name
         self._stream: ctypes.c_void_p | None = None  # made at the first capture, once TVM has a context current
+        self._capturing = False
+
+    def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """A zeroed array in pinned host memory (the memory lives as long as the array)."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        memory = _PinnedMemory(nbytes, self._name)
+        raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(memory.address)
+        raw.memory = memory  # the array's base keeps the allocation alive
+        array = np.frombuffer(raw, np.uint8, nbytes).view(dtype).reshape(shape)
+        array[...] = 0
+        return array
+
+    def copy_in(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None:
+        """Host array -> device tensor: a graph node while capturing, else TVM's synchronous copy."""
+        if not self._capturing:
+            tensor.copyfrom(array)
+            return
+        _check(_cuda().cuMemcpyHtoDAsync_v2(ctypes.c_uint64(data_pointer(tensor)), ctypes.c_void_p(array.ctypes.data),
+                                            ctypes.c_size_t(array.nbytes), self._stream),
+               "cuMemcpyHtoDAsync", self._name)
+
+    def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None:
+        """Device tensor -> host array: a graph node while capturing, else TVM's synchronous copy."""
+        if not self._capturing:
+            array[...] = tensor.numpy()
+            return
+        _check(_cuda().cuMemcpyDtoHAsync_v2(ctypes.c_void_p(array.ctypes.data), ctypes.c_uint64(data_pointer(tensor)),
+                                            ctypes.c_size_t(array.nbytes), self._stream),
+               "cuMemcpyDtoHAsync", self._name)
 
     def _ready_stream(self) -> ctypes.c_void_p:
         if self._stream is None:
@@ -79,9 +130,11 @@ class CudaGraphRecorder:
         with tvm_ffi.use_raw_stream(self._device, self._stream.value):
             _check(cuda.cuStreamBeginCapture_v2(self._stream, CU_STREAM_CAPTURE_MODE_RELAXED),
                    "cuStreamBeginCapture", self._name)
+            self._capturing = True
             try:
                 outputs = body(lambda fn, *args: fn(*args))
             finally:
+                self._capturing = False
                 rc = cuda.cuStreamEndCapture(self._stream, ctypes.byref(graph))
         _check(rc, "cuStreamEndCapture", self._name)
         exec_handle = ctypes.c_void_p()

@@ -3,6 +3,9 @@ device (and back), against a plain copy of the same bytes measured in the same r
 
     python3 bench/migrate.py [-device cuda:0] [-presets smollm2-135m,llama-3.2-3b] [-wtype f16]
 
+Two baselines: a plain copy from (or into a fresh allocation of) ordinary host memory, and the same
+copy between the memory a move itself uses (page-locked host memory while a CUDA device is in use,
+`JITLLM_PINNED_HOST=0` turns that off), destination allocated per copy as in a move.
 Without a GPU, -device sim runs the same code between the host and a simulated device (both in host
 memory). The model is a 2-block random model of the preset's block shape; the KV history is allocated
 page by page as a real session would hold it (its values are irrelevant to the copy).
@@ -21,7 +24,8 @@ import numpy as np
 
 
 def plain_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
-    """Median time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy)."""
+    """Median time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy from
+    ordinary host memory, or into a fresh ordinary allocation)."""
     src = source.upload(np.zeros(nbytes // 4, np.float32))
     times = []
     for _ in range(reps):
@@ -32,6 +36,23 @@ def plain_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
         times.append(time.perf_counter() - start)
         del moved
     return statistics.median(times)
+
+
+def locked_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
+    """The same copy between the memory a move uses: each side's `empty` (on the host, page-locked
+    memory from the pool while a CUDA device is in use), the destination allocated per copy as a move does."""
+    src = source.empty((nbytes,), "uint8")
+    src.copyfrom(np.zeros(nbytes, np.uint8))
+    times = []
+    for _ in range(reps + 1):  # the first allocation may lock fresh memory; the pool serves the rest
+        dest.synchronize()
+        start = time.perf_counter()
+        moved = dest.empty((nbytes,), "uint8")
+        moved.copyfrom(src)
+        dest.synchronize()
+        times.append(time.perf_counter() - start)
+        del moved
+    return statistics.median(times[1:])
 
 
 def main() -> None:
@@ -53,7 +74,7 @@ def main() -> None:
 
     histories = [int(h) for h in args.history.split(",")]
     print(f"{'shape':<14} {'history':>7} {'direction':<18} {'weights MiB':>11} {'KV MiB':>8} "
-          f"{'move ms':>8} {'copy ms':>8} {'ratio':>6}")
+          f"{'move ms':>8} {'copy ms':>8} {'ratio':>6} {'locked copy ms':>14} {'ratio':>6}")
     for preset in args.presets.split(","):
         cfg = dataclasses.replace(PRESETS[preset], num_blocks=2, context=max(histories) + 64)
         with tempfile.TemporaryDirectory() as tmp:
@@ -72,7 +93,7 @@ def main() -> None:
                 session.tables[unit.index] = table
             session.length = history
             for direction, target, back in (("host -> " + dev.name, dev.name, "host"), (dev.name + " -> host", "host", dev.name)):
-                moves, copies = [], []
+                moves, copies, locked = [], [], []
                 phases = []
                 for _ in range(args.reps):
                     if direction.startswith(dev.name):
@@ -82,11 +103,14 @@ def main() -> None:
                     moves.append(report.seconds)
                     src, dst = (host, dev) if target == dev.name else (dev, host)
                     copies.append(plain_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
+                    locked.append(locked_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
                     if target == dev.name:
                         model.move("0", "host")
                 move_ms, copy_ms = 1e3 * statistics.median(moves), 1e3 * statistics.median(copies)
+                locked_ms = 1e3 * statistics.median(locked)
                 print(f"{preset:<14} {history:>7} {direction:<18} {report.weight_bytes / 2**20:>11.1f} "
-                      f"{report.kv_bytes / 2**20:>8.1f} {move_ms:>8.2f} {copy_ms:>8.2f} {move_ms / copy_ms:>6.2f}")
+                      f"{report.kv_bytes / 2**20:>8.1f} {move_ms:>8.2f} {copy_ms:>8.2f} {move_ms / copy_ms:>6.2f} "
+                      f"{locked_ms:>14.2f} {move_ms / locked_ms:>6.2f}")
                 if args.phases:
                     print("    phases ms: " + ", ".join(f"{name} {1e3 * statistics.median(p[name] for p in phases):.2f}"
                                                    for name in phases[0]))

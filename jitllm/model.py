@@ -192,6 +192,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
         devs[choice.name] = _device_for(choice)
     for extra in extra_devices or []:
         devs[extra.name.lower()] = extra
+    devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]
     grow: list[tuple[int | str, str]] = []

@@ -43,7 +43,8 @@ def _dltensor(capsule: object) -> _DLTensor:
 
 def data_pointer(tensor: tvm.runtime.Tensor) -> int:
     """Address of the tensor's first element (on its device)."""
-    dl = _dltensor(tensor._to_dlpack())
+    capsule = tensor._to_dlpack()  # alive while its DLTensor is read (the capsule owns it)
+    dl = _dltensor(capsule)
     return dl.data + dl.byte_offset
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -29,6 +30,11 @@ class Device:
     """Fault injection for tests: the next allocation raises as if the device were out of memory."""
     inject_fault: bool = field(default=False, repr=False)
     """Fault injection for tests: the next block run on this device fails as a kernel launch would."""
+    allocator: Callable[[tuple[int, ...], str], tvm.runtime.Tensor] | None = field(default=None, repr=False)
+    """Where `empty` (weights, KV pools, step inputs) takes memory from, when not TVM's allocator: the
+    host's page-locked pool while a CUDA device is in use (jitllm.runtime.devices.pinned)."""
+    host_allocator: Callable[[tuple[int, ...], str], tvm.runtime.Tensor] | None = field(default=None, repr=False)
+    """Host memory this device copies to and from fastest (CUDA: page-locked), for the host's `allocator`."""
 
     def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
         """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
@@ -54,6 +60,8 @@ class Device:
         return tvm.runtime.tensor(np.ascontiguousarray(array), self.tvm_device)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
+        if self.allocator is not None:
+            return self.allocator(tuple(shape), dtype)
         return tvm.runtime.empty(shape, dtype, self.tvm_device)
 
     def synchronize(self) -> None:

@@ -26,6 +26,10 @@ def cuda_device(choice) -> Device:
     if not dev.exist:
         raise JitllmError(f"{choice.name}: no such CUDA device")
     device = Device(choice.name, CudaTarget(cuda_arch(ordinal)), dev, choice.budget_bytes)
+    if os.environ.get("JITLLM_PINNED_HOST", "1") != "0":
+        from jitllm.runtime.devices.pinned import pinned_pool
+
+        device.host_allocator = pinned_pool(ordinal).tensor
     if os.environ.get("JITLLM_CUDA_GRAPHS", "1") != "0":
         from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
 

@@ -7,7 +7,7 @@ capture mode allows), end the capture and instantiate the graph. A replay launch
 kernel with the buffer addresses of the capture: callers must keep those buffers alive and unchanged
 in place (jitllm.runtime.step_graphs does).
 
-The recorder is also the device's `Transfers`: a step's host arrays are pinned (cuMemHostAlloc), and
+The recorder is also the device's `Transfers`: a step's host arrays are page-locked (devices.pinned), and
 the copies between them and the device tensors, issued on the capture stream while capturing, become
 nodes of the graph, so a replayed decode step needs no other driver call than its launch and wait.
 """
@@ -60,22 +60,6 @@ class CudaGraph:
             self._exec = None
 
 
-class _PinnedMemory:
-    """Page-locked host memory from the driver, freed when the last array over it is gone."""
-
-    def __init__(self, nbytes: int, device: str) -> None:
-        self.address = None
-        pointer = ctypes.c_void_p()
-        _check(_cuda().cuMemHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(max(nbytes, 1)), 0),
-               f"cuMemHostAlloc of {nbytes} bytes", device)
-        self.address = pointer.value
-
-    def __del__(self) -> None:
-        if self.address and _driver is not None:
-            _driver.cuMemFreeHost(ctypes.c_void_p(self.address))
-            self.address = None
-
-
 class CudaGraphRecorder:
     """Captures steps of one CUDA device on a stream of its own."""
 
@@ -85,12 +69,10 @@ class CudaGraphRecorder:
         self._capturing = False
 
     def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        """A zeroed array in pinned host memory (the memory lives as long as the array)."""
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        memory = _PinnedMemory(nbytes, self._name)
-        raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(memory.address)
-        raw.memory = memory  # the array's base keeps the allocation alive
-        array = np.frombuffer(raw, np.uint8, nbytes).view(dtype).reshape(shape)
+        """A zeroed array in page-locked host memory (jitllm.runtime.devices.pinned)."""
+        from jitllm.runtime.devices.pinned import pinned_pool
+
+        array = pinned_pool(self._device.index).array(shape, dtype)
         array[...] = 0
         return array
 

@@ -1,0 +1,110 @@
+"""Page-locked (pinned) host memory from the CUDA driver, for the host's side of host <-> GPU copies.
+
+Copies between the GPU and page-locked memory run at the link's speed; from ordinary (pageable)
+memory the driver stages them through a buffer of its own, and a fresh destination is faulted in page
+by page. Measured on the H200 machine (gVisor): 192 MiB host -> device 3.7 ms pinned vs 26 ms
+pageable, device -> host 3.7 ms vs 14 ms into memory already touched and 140 ms into a fresh
+allocation. Locking memory is itself slow (4 ms for 6.8 MiB, 100 ms for 192 MiB; unlocking 0.7 and
+19 ms), so memory given back is kept, by size, up to `KEEP_BYTES`, for the next request of that size
+(the way PyTorch's caching host allocator does); past that it goes back to the system at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from jitllm.errors import DeviceFault
+
+KEEP_BYTES = 1 << 30
+"""Freed page-locked memory kept for reuse (beyond it, freed memory is unlocked and returned)."""
+
+CU_MEMHOSTALLOC_PORTABLE = 1  # pinned for every context, whichever is current
+
+
+def _cuda() -> ctypes.CDLL:
+    from jitllm.runtime.devices.cuda_graph import _cuda as driver
+
+    return driver()
+
+
+class _Lease:
+    """One allocation handed out; gives it back to the pool when the last array over it is gone."""
+
+    def __init__(self, pool: "PinnedPool", address: int, nbytes: int) -> None:
+        self.pool, self.address, self.nbytes = pool, address, nbytes
+
+    def __del__(self) -> None:
+        self.pool.give_back(self.address, self.nbytes)
+
+
+class PinnedPool:
+    """Page-locked host allocations, reused by exact size once given back."""
+
+    def __init__(self, ordinal: int = 0, keep_bytes: int = KEEP_BYTES) -> None:
+        self.ordinal, self.keep_bytes = ordinal, keep_bytes
+        self._kept: dict[int, list[int]] = {}
+        self.kept_bytes = 0
+        self.locked = 0
+        """Page-lock calls made (allocations the kept memory could not serve)."""
+
+    def array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """An uninitialised array in page-locked memory, given back when the array (and every view) is gone."""
+        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        address = self._take(nbytes)
+        raw = (ctypes.c_uint8 * nbytes).from_address(address)
+        raw.lease = _Lease(self, address, nbytes)  # the array's base keeps the lease
+        return np.frombuffer(raw, np.uint8, int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
+
+    def tensor(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
+        """A host (CPU) tensor in page-locked memory; ordinary memory where the driver refuses to lock more."""
+        try:
+            array = self.array(shape, dtype)
+        except DeviceFault:
+            return tvm.runtime.empty(shape, dtype, tvm.cpu(0))
+        return tvm_ffi.from_dlpack(array)
+
+    def _take(self, nbytes: int) -> int:
+        kept = self._kept.get(nbytes)
+        if kept:
+            self.kept_bytes -= nbytes
+            return kept.pop()
+        driver = _cuda()
+        self._ensure_context(driver)
+        pointer = ctypes.c_void_p()
+        rc = driver.cuMemHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes), CU_MEMHOSTALLOC_PORTABLE)
+        if rc != 0:
+            raise DeviceFault(f"cuda:{self.ordinal}", f"locking {nbytes} bytes of host memory failed (CUDA error {rc})")
+        self.locked += 1
+        return pointer.value
+
+    def _ensure_context(self, driver: ctypes.CDLL) -> None:
+        """The driver API needs a current context on this thread: the device's primary one (the runtime's)."""
+        ctx = ctypes.c_void_p()
+        if driver.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+            return
+        driver.cuInit(0)
+        dev = ctypes.c_int()
+        driver.cuDeviceGet(ctypes.byref(dev), self.ordinal)
+        driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        driver.cuCtxSetCurrent(ctx)
+
+    def give_back(self, address: int, nbytes: int) -> None:
+        if self.kept_bytes + nbytes <= self.keep_bytes:
+            self._kept.setdefault(nbytes, []).append(address)
+            self.kept_bytes += nbytes
+        else:
+            _cuda().cuMemFreeHost(ctypes.c_void_p(address))
+
+
+_pools: dict[int, PinnedPool] = {}
+
+
+def pinned_pool(ordinal: int = 0) -> PinnedPool:
+    """The process's pool (page-locked memory is portable: one pool serves every CUDA device)."""
+    if not _pools:
+        _pools[ordinal] = PinnedPool(ordinal)
+    return next(iter(_pools.values()))

@@ -1,0 +1,85 @@
+"""The page-locked host pool (devices/pinned.py) with a stand-in driver: memory is reused by size,
+kept only up to its limit, and a model whose host memory comes from it computes and moves as before."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from jitllm.model import load
+from jitllm.runtime.devices import pinned
+from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.dlpack import data_pointer
+from jitllm.runtime.packed_weights import PackedWeights
+
+PROMPT = list(range(4, 30))
+
+
+class FakeDriver:
+    """cuMemHostAlloc / cuMemFreeHost over page-aligned numpy memory, counting calls."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, np.ndarray] = {}
+        self.freed: list[int] = []
+
+    def cuCtxGetCurrent(self, ctx) -> int:
+        ctx._obj.value = 1
+        return 0
+
+    def cuMemHostAlloc(self, pointer, size, flags) -> int:
+        backing = np.zeros(size.value + 4096, np.uint8)
+        address = -(-backing.ctypes.data // 4096) * 4096
+        self.live[address] = backing
+        pointer._obj.value = address
+        return 0
+
+    def cuMemFreeHost(self, pointer: ctypes.c_void_p) -> int:
+        self.freed.append(pointer.value)
+        self.live.pop(pointer.value)
+        return 0
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    fake = FakeDriver()
+    monkeypatch.setattr(pinned, "_cuda", lambda: fake)
+    return fake
+
+
+def test_memory_given_back_is_reused_by_size_up_to_the_limit(driver):
+    pool = pinned.PinnedPool(keep_bytes=3100)
+    a = pool.tensor((256,), "float32")  # 1024 bytes
+    address = data_pointer(a)
+    assert address in driver.live and a.device.dlpack_device_type() == 1  # a host tensor
+    a.copyfrom(np.arange(256, dtype=np.float32))
+    assert a.numpy()[255] == 255
+    del a
+    assert pool.kept_bytes == 1024 and not driver.freed
+    b = pool.tensor((16, 16), "float32")  # same size: the same memory, no new lock
+    assert data_pointer(b) == address and pool.locked == 1
+    c, d = pool.tensor((2000,), "uint8"), pool.tensor((2000,), "uint8")
+    assert pool.locked == 3
+    del b, c
+    del d  # 1024 + 2000 kept; a third would pass the limit and is unlocked instead
+    assert pool.kept_bytes == 3024 and len(driver.freed) == 1
+
+
+def test_packed_weights_and_moves_use_the_host_pool(driver, tiny_model, cache_dir):
+    baseline = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(PROMPT, 12)
+    pool = pinned.PinnedPool()
+    sim = simulated_device("sim:0")
+    sim.host_allocator = pool.tensor
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[sim])
+    ex = model.executor
+    assert all(data_pointer(u.weights.buffer) in driver.live for u in ex.blocks)
+    assert data_pointer(ex.pools["host"].pages) in driver.live
+    model.move_schedule = {3: ["0=sim:0"], 6: ["0=host"], 9: ["0=sim:0"]}
+    assert model.generate_ids(PROMPT, 12) == baseline
+    locked = pool.locked
+    model.move("0", "host")
+    model.move("0", "sim:0")  # the block's host memory went back to the pool and is reused
+    model.move("0", "host")
+    assert pool.locked == locked
+    assert isinstance(ex.blocks[0].weights, PackedWeights)

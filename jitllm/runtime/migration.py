@@ -77,7 +77,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         if unit.kind.kind == "gla":
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         clock.mark("kv")
-        dest.synchronize()
+        for device in {source.name: source, dest.name: dest}.values():  # copies from page-locked memory are
+            device.synchronize()  # asynchronous on the GPU's stream, whichever side the GPU is
         clock.mark("sync")
     except BaseException:
         for table in new_tables.values():

@@ -110,8 +110,10 @@ class StepInputs:
         host.x_staged = isinstance(x, np.ndarray)
         if host.x_staged:
             host.x[...] = x
-        else:
+        else:  # a copy with page-locked host memory on either side runs asynchronously: wait for it
             x.copyto(self.x)
+            x.device.sync()
+            self.x.device.sync()
         host.cos[...], host.sin[...], host.past[0] = cos, sin, past
 
     def upload(self) -> None:

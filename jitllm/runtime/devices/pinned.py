@@ -6,7 +6,8 @@ by page. Measured on the H200 machine (gVisor): 192 MiB host -> device 3.7 ms pi
 pageable, device -> host 3.7 ms vs 14 ms into memory already touched and 140 ms into a fresh
 allocation. Locking memory is itself slow (4 ms for 6.8 MiB, 100 ms for 192 MiB; unlocking 0.7 and
 19 ms), so memory given back is kept, by size, up to `KEEP_BYTES`, for the next request of that size
-(the way PyTorch's caching host allocator does); past that it goes back to the system at once.
+(the way PyTorch's caching host allocator does); past that, the memory kept longest goes back to the
+system.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class PinnedPool:
     def __init__(self, ordinal: int = 0, keep_bytes: int = KEEP_BYTES) -> None:
         self.ordinal, self.keep_bytes = ordinal, keep_bytes
         self._kept: dict[int, list[int]] = {}
+        self._order: list[tuple[int, int]] = []  # (address, size) kept, oldest first
         self.kept_bytes = 0
         self.locked = 0
         """Page-lock calls made (allocations the kept memory could not serve)."""
@@ -71,7 +73,9 @@ class PinnedPool:
         kept = self._kept.get(nbytes)
         if kept:
             self.kept_bytes -= nbytes
-            return kept.pop()
+            address = kept.pop()
+            self._order.remove((address, nbytes))
+            return address
         driver = _cuda()
         self._ensure_context(driver)
         pointer = ctypes.c_void_p()
@@ -93,11 +97,19 @@ class PinnedPool:
         driver.cuCtxSetCurrent(ctx)
 
     def give_back(self, address: int, nbytes: int) -> None:
-        if self.kept_bytes + nbytes <= self.keep_bytes:
-            self._kept.setdefault(nbytes, []).append(address)
-            self.kept_bytes += nbytes
-        else:
+        """Keep the memory for reuse; past the limit, the memory kept longest goes back to the system."""
+        if nbytes > self.keep_bytes:
             _cuda().cuMemFreeHost(ctypes.c_void_p(address))
+            return
+        self._kept.setdefault(nbytes, []).append(address)
+        self._order.append((address, nbytes))
+        self.kept_bytes += nbytes
+        while self.kept_bytes > self.keep_bytes:
+            old, size = self._order.pop(0)
+            if old in self._kept.get(size, []):
+                self._kept[size].remove(old)
+                self.kept_bytes -= size
+                _cuda().cuMemFreeHost(ctypes.c_void_p(old))
 
 
 _pools: dict[int, PinnedPool] = {}

@@ -38,6 +38,10 @@ class CudaTarget:
     decode_variants = True
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 
+    decode_appends_kv = True
+    """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's
+    partial kernel does, kernels_gpu_attention.APPENDS_KV): the runtime launches no append after it."""
+
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
         """Prefill (rows unknown) on tensor cores where the arch has them (sm_70 on) and the shape fits;
         decode matvecs and the rest as kernels_gpu.linear_kernel gives them."""

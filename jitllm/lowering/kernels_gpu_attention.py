@@ -6,6 +6,10 @@ block per (KV head, chunk) runs an online softmax over its chunk for all the que
 tile by tile through shared memory, and writes its partial state (accumulator, max, denominator) to a
 workspace; a second kernel merges the chunks of each head. The grid never depends on the history
 length (it is read from `past` on the device), so the launch can live in a CUDA graph.
+
+The partial kernel also appends the step's K and V to the pages (the chunk-0 block of each KV head
+writes position `past`, which no block reads from the pages: the scores take the new token's K and V
+from the inputs), so a decode step needs no separate append launch (`APPENDS_KV`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ TILE = 32  # positions per shared-memory tile
 NT = 128  # threads per block
 SPLIT = 4  # threads per score (each sums D / SPLIT products: short dependency chains)
 NEG = -3.0e38
+APPENDS_KV = True
+"""The partial kernel writes the step's K and V into the pages (the runtime skips the append kernel)."""
 
 
 def workspace_shape(kind: BlockKind) -> tuple[int, int, int, int]:
@@ -45,7 +51,8 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     SCORES = (PAIRS * SPLIT + NT - 1) // NT
     SUMS = (PAIRS + NT - 1) // NT
     ACC = (G * D + NT - 1) // NT
-    symbol = f"jl_gpu_split_attention_partial_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
+    APPEND = (D + NT - 1) // NT
+    symbol = f"jl_gpu_split_attention_partial_append_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
 
     @T.prim_func
     def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
@@ -77,6 +84,13 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
                 start: T.let = chunk * per
                 end: T.let = T.min(start + per, total)
+                if chunk == 0:  # the KV append: position n, which no block of this launch reads from the pages
+                    for i in T.unroll(APPEND):
+                        e: T.let = i * NT + tx
+                        if e < D:
+                            slot: T.let = pt[0, n // P]
+                            pages[slot, 0, kv, n % P, e] = k[0, 0, kv, e]
+                            pages[slot, 1, kv, n % P, e] = v[0, 0, kv, e]
                 for i in T.unroll(QLOAD):
                     e: T.let = i * NT + tx
                     if e < G * D:

@@ -96,7 +96,9 @@ class Executor:
         key = (kind, device.name)
         if key not in self._programs:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
-            self._programs[key] = load_program(artifact.path, device.tvm_device, kind.kind == "llama")
+            program = load_program(artifact.path, device.tvm_device, kind.kind == "llama")
+            program.main_appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
+            self._programs[key] = program
         return self._programs[key]
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
@@ -236,7 +238,8 @@ class Executor:
             pages, pt = table.pool.pages, table.tensor()
             program = unit.program_for(n)
             h, k, v = call(program.main, h, step.cos, step.sin, pages, pt, step.past, *unit.weights)
-            call(program.append, pages, k, v, pt, step.past)
+            if not program.main_appends:
+                call(program.append, pages, k, v, pt, step.past)
         if segment.head is None:
             return h
         if n > 1:

@@ -19,6 +19,8 @@ class Program:
     append: Callable | None
     export_pages: Callable | None
     import_pages: Callable | None
+    main_appends: bool = False
+    """`main` writes the step's K and V into the pages itself (GPU decode variants): no `append` after it."""
 
 
 def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Program:

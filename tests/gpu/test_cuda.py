@@ -52,10 +52,16 @@ def test_block_kind_on_cuda(kind, cache_dir):
     for batch, seq, pasts in shapes:
         feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}
         names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
-        got = [o.numpy() for o in program.main(*[up(feeds[n]) for n in names])]
+        inputs = [up(feeds[n]) for n in names]
+        got = [o.numpy() for o in program.main(*inputs)]
         ref = block_forward(kind, weights, **{n: feeds[n] for n, _, _ in activation_inputs(kind)})
         for a, b in zip(got, ref):
             assert np.abs(a - b).max() < TOL, (batch, seq, pasts)
+        if kind.decode:  # the decode main appends the step's K and V to the pages itself
+            pages, past = inputs[names.index("pages")].numpy(), pasts[0]
+            slot = feeds["page_table"][0, past // kind.page_size]
+            assert np.array_equal(pages[slot, 0, :, past % kind.page_size], got[1][0, 0])
+            assert np.array_equal(pages[slot, 1, :, past % kind.page_size], got[2][0, 0])
 
 
 def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):

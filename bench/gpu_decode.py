@@ -123,7 +123,7 @@ def main() -> None:
         model.executor.graphs = True
         print(f"decode without graphs (one VM call per block): tg{args.tg} median {eager.median:.1f} t/s; "
               f"graphs {tg.median / eager.median:.2f}x")
-    bw = copy_bandwidth(args.device)
+    bw = copy_bandwidth(args.device.split(",")[0])  # a device list (cuda:0,cuda:1) splits the blocks; its first card
     roofline = bw / wbytes
     med_tg = tg.median
     print(f"jitllm {name} on {args.device}: pp{args.pp} median {pp.median:.1f} t/s (spread {min(pp.rates):.1f}-"

@@ -2,6 +2,7 @@
 device (and back), against a plain copy of the same bytes measured in the same run.
 
     python3 bench/migrate.py [-device cuda:0] [-presets smollm2-135m,llama-3.2-3b] [-wtype f16]
+    python3 bench/migrate.py -source cuda:0 -device cuda:1     # two GPUs: device-to-device moves
 
 Two baselines: a plain copy from (or into a fresh allocation of) ordinary host memory, and the same
 copy between the memory a move itself uses (page-locked host memory while a CUDA device is in use,
@@ -64,6 +65,8 @@ def locked_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-device", default="cuda:0")
+    ap.add_argument("-source", default="host",
+                    help="where the block starts and comes back to: host, or another device (cuda:1 for two GPUs)")
     ap.add_argument("-presets", default="smollm2-135m,llama-3.2-3b")
     ap.add_argument("-wtype", default="f16")
     ap.add_argument("-history", default="1024,4096,16384")
@@ -87,10 +90,11 @@ def main() -> None:
             path = Path(tmp) / "m.jlm"
             write_random_model(path, cfg, args.wtype)
             extra = [simulated_device("sim")] if args.device == "sim" else []
-            model = load(path, devices="cpu" if args.device == "sim" else args.device, placement="*=host,head=host",
+            devices = "cpu" if args.device == "sim" else args.device if args.source == "host" else f"{args.source},{args.device}"
+            model = load(path, devices=devices, placement=f"*={args.source},head={args.source}",
                          ctx=max(histories) + 64, cache_dir=args.cache, extra_devices=extra, cpu_kernels="exact")
         ex = model.executor
-        host, dev = model.devices["host"], model.devices[args.device]
+        home, dev = model.devices[args.source], model.devices[args.device]
         for history in histories:
             session = ex.new_session()
             for unit in ex.blocks:
@@ -98,7 +102,7 @@ def main() -> None:
                 table.ensure(history)
                 session.tables[unit.index] = table
             session.length = history
-            for direction, target, back in (("host -> " + dev.name, dev.name, "host"), (dev.name + " -> host", "host", dev.name)):
+            for direction, target in ((f"{home.name} -> {dev.name}", dev.name), (f"{dev.name} -> {home.name}", home.name)):
                 moves, copies, locked = [], [], []
                 phases = []
                 for _ in range(args.reps):
@@ -107,11 +111,11 @@ def main() -> None:
                     report = model.move("0", target)[0]
                     phases.append(dict(report.phases))
                     moves.append(report.seconds)
-                    src, dst = (host, dev) if target == dev.name else (dev, host)
+                    src, dst = (home, dev) if target == dev.name else (dev, home)
                     copies.append(plain_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
                     locked.append(locked_copy_seconds(report.weight_bytes + report.kv_bytes, src, dst))
                     if target == dev.name:
-                        model.move("0", "host")
+                        model.move("0", home.name)
                 move_ms, copy_ms = 1e3 * statistics.median(moves), 1e3 * statistics.median(copies)
                 locked_ms = 1e3 * statistics.median(locked)
                 print(f"{preset:<14} {history:>7} {direction:<18} {report.weight_bytes / 2**20:>11.1f} "

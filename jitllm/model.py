@@ -193,6 +193,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     for extra in extra_devices or []:
         devs[extra.name.lower()] = extra
     devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)
+    _link_cards([c for c in choices if c.device.backend == "cuda"], log)
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]
     grow: list[tuple[int | str, str]] = []
@@ -212,6 +213,17 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     if tune_seam:
         model.tuner = seam_tuner(the_plan)
     return model
+
+
+def _link_cards(choices: list, log: Callable[[str], None] | None) -> None:
+    """Two or more CUDA cards: direct copies between them (moves and seams), where the driver allows."""
+    if len(choices) < 2:
+        return
+    from jitllm.runtime.devices.cuda import enable_peer_access
+
+    pairs = enable_peer_access([c.device.ordinal for c in choices])
+    if log:
+        log("peer access: " + (", ".join(f"cuda:{a} -> cuda:{b}" for a, b in pairs) or "none (copies between cards go through the host)"))
 
 
 def seam_tuner(the_plan: Plan) -> SeamTuner | None:

@@ -35,3 +35,42 @@ def cuda_device(choice) -> Device:
 
         device.graphs = CudaGraphRecorder(dev, choice.name)
     return device
+
+
+CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+
+
+def enable_peer_access(ordinals: list[int]) -> list[tuple[int, int]]:
+    """Let every pair of the given CUDA devices that can reach each other directly (NVLink or PCIe
+    peer-to-peer) do so: TVM copies between two cards with cudaMemcpyPeer, which stages through host
+    memory unless peer access is on. Returns the (from, to) pairs now enabled; a pair the driver
+    refuses is left staged (copies still work, only slower)."""
+    if len(ordinals) < 2:
+        return []
+    import ctypes
+
+    from jitllm.runtime.devices.cuda_graph import _cuda
+
+    driver = _cuda()
+    handles: dict[int, tuple[ctypes.c_int, ctypes.c_void_p]] = {}
+    for ordinal in ordinals:
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        if driver.cuDeviceGet(ctypes.byref(dev), ordinal) or driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
+            return []
+        handles[ordinal] = (dev, ctx)
+    current = ctypes.c_void_p()
+    driver.cuCtxGetCurrent(ctypes.byref(current))
+    enabled = []
+    try:
+        for a in ordinals:
+            for b in ordinals:
+                can = ctypes.c_int()
+                if a == b or driver.cuDeviceCanAccessPeer(ctypes.byref(can), handles[a][0], handles[b][0]) or not can.value:
+                    continue
+                driver.cuCtxSetCurrent(handles[a][1])
+                if driver.cuCtxEnablePeerAccess(handles[b][1], 0) in (0, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+                    enabled.append((a, b))
+    finally:
+        driver.cuCtxSetCurrent(current)
+    return enabled
+

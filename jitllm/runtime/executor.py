@@ -61,6 +61,9 @@ class Session:
     """Per device: the decode step's input tensors, reused every token."""
     states: dict[int, RecurrentState] = field(default_factory=dict)
     """Recurrent (GLA) blocks' state by block index, on each block's device."""
+    kv_room: int = 0
+    """Positions every page table of the session holds, as of the last check (0: check at the next
+    step). Steps within it skip the per-block page bookkeeping; moves and resets set it back to 0."""
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -177,6 +180,7 @@ class Executor:
             table.release()
         session.tables.clear()
         release_states(session)
+        session.kv_room = 0
         session.length = 0
         session.tokens = []
 
@@ -189,9 +193,11 @@ class Executor:
         n, past = len(ids), session.length
         if past + n > self.ctx:
             raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
-        for unit in self.blocks:  # room first: relocation may move blocks, and must do so before the step
-            if unit.kind.kind == "llama":
-                self._pages_for(session, unit, past + n)
+        if past + n > session.kv_room:  # room first: relocation may move blocks, and must do so before the step
+            for unit in self.blocks:
+                if unit.kind.kind == "llama":
+                    self._pages_for(session, unit, past + n)
+            session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
         for segment in segments(self.blocks, self.head):
             _check_fault(segment.device)

@@ -100,6 +100,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
     executor.drop_graphs()  # captured steps hold the source's weights and pages
+    for session in executor.sessions.values():
+        session.kv_room = 0  # the next step checks every table (a session without pages here got an empty one)
     clock.mark("switch")
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, clock.total(), state_bytes,
                       tuple(clock.phases))

@@ -74,3 +74,31 @@ def test_decode_steps_reuse_their_input_tensors(model):
     assert int(now.past.numpy()[0]) == 6  # the last step's position (3 prompt tokens, then 4 steps)
     ex.close_session(session)
 
+
+
+def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir, monkeypatch):
+    """The per-block page checks run only when a step may need a page (or after a move or reset)."""
+    from jitllm.runtime.devices.host import simulated_device
+
+    model = load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact",
+                 extra_devices=[simulated_device("sim:0")])
+    ex = model.executor
+    checked = []
+    real = ex._pages_for
+    monkeypatch.setattr(ex, "_pages_for", lambda session, unit, positions: checked.append(positions) or real(
+        session, unit, positions))
+    session = ex.new_session()
+    ex.forward(session, [5, 6, 7])
+    blocks, page = len(ex.blocks), ex.blocks[0].kind.page_size
+    assert checked == [3] * blocks and session.kv_room == page
+    for token in range(8, 8 + page - 3):  # up to the end of the first page
+        ex.forward(session, [token])
+    assert len(checked) == blocks
+    ex.forward(session, [40])  # position 17 needs a second page in every block
+    assert checked[blocks:] == [page + 1] * blocks and session.kv_room == 2 * page
+    model.move("0", "sim:0")
+    assert session.kv_room == 0
+    ex.forward(session, [41])
+    assert len(checked) == 3 * blocks
+    ex.reset_session(session)
+    assert session.kv_room == 0

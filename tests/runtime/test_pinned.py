@@ -84,3 +84,24 @@ def test_packed_weights_and_moves_use_the_host_pool(driver, tiny_model, cache_di
     model.move("0", "host")
     assert pool.locked == locked
     assert isinstance(ex.blocks[0].weights, PackedWeights)
+
+
+def test_leases_come_back_from_many_threads(driver):
+    import threading
+
+    pool = pinned.PinnedPool(keep_bytes=8 * 1024)
+
+    def work() -> None:
+        for i in range(300):
+            held = [pool.array((1024 * (1 + (i + j) % 3),), "uint8") for j in range(3)]
+            del held
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept = [address for addresses in pool._kept.values() for address in addresses]
+    assert sorted(kept) == sorted(pool._order) and all(a in driver.live for a in kept)
+    assert pool.kept_bytes == sum(pool._order.values()) <= pool.keep_bytes
+    assert len(driver.live) == len(kept)  # everything not kept went back to the system

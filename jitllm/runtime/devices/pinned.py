@@ -13,6 +13,8 @@ system.
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import tvm
@@ -47,8 +49,9 @@ class PinnedPool:
 
     def __init__(self, ordinal: int = 0, keep_bytes: int = KEEP_BYTES) -> None:
         self.ordinal, self.keep_bytes = ordinal, keep_bytes
-        self._kept: dict[int, list[int]] = {}
-        self._order: list[tuple[int, int]] = []  # (address, size) kept, oldest first
+        self._kept: dict[int, list[int]] = {}  # size -> addresses kept
+        self._order: OrderedDict[int, int] = OrderedDict()  # address -> size, kept longest first
+        self._lock = threading.RLock()  # leases come back from any thread (and from the collector)
         self.kept_bytes = 0
         self.locked = 0
         """Page-lock calls made (allocations the kept memory could not serve)."""
@@ -70,12 +73,13 @@ class PinnedPool:
         return tvm_ffi.from_dlpack(array)
 
     def _take(self, nbytes: int) -> int:
-        kept = self._kept.get(nbytes)
-        if kept:
-            self.kept_bytes -= nbytes
-            address = kept.pop()
-            self._order.remove((address, nbytes))
-            return address
+        with self._lock:
+            kept = self._kept.get(nbytes)
+            if kept:
+                address = kept.pop()
+                del self._order[address]
+                self.kept_bytes -= nbytes
+                return address
         driver = _cuda()
         self._ensure_context(driver)
         pointer = ctypes.c_void_p()
@@ -101,12 +105,12 @@ class PinnedPool:
         if nbytes > self.keep_bytes:
             _cuda().cuMemFreeHost(ctypes.c_void_p(address))
             return
-        self._kept.setdefault(nbytes, []).append(address)
-        self._order.append((address, nbytes))
-        self.kept_bytes += nbytes
-        while self.kept_bytes > self.keep_bytes:
-            old, size = self._order.pop(0)
-            if old in self._kept.get(size, []):
+        with self._lock:
+            self._kept.setdefault(nbytes, []).append(address)
+            self._order[address] = nbytes
+            self.kept_bytes += nbytes
+            while self.kept_bytes > self.keep_bytes:
+                old, size = self._order.popitem(last=False)
                 self._kept[size].remove(old)
                 self.kept_bytes -= size
                 _cuda().cuMemFreeHost(ctypes.c_void_p(old))

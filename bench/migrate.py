@@ -24,25 +24,28 @@ from pathlib import Path
 import numpy as np
 
 
-def _sync(*devices) -> None:
-    """Wait for both sides (a copy with page-locked memory runs asynchronously on the GPU's stream)."""
-    for device in devices:
-        device.synchronize()
+def _median_seconds(copy, source, dest, reps: int, unmeasured: int = 0) -> float:
+    """Median time of `copy()` over `reps` calls after `unmeasured` ones (which may allocate or lock
+    memory the later calls reuse), waiting for both sides around each (a copy with page-locked memory
+    runs asynchronously on the GPU's stream)."""
+    times = []
+    for _ in range(reps + unmeasured):
+        source.synchronize()
+        dest.synchronize()
+        start = time.perf_counter()
+        moved = copy()
+        source.synchronize()
+        dest.synchronize()
+        times.append(time.perf_counter() - start)
+        del moved
+    return statistics.median(times[unmeasured:])
 
 
 def plain_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
-    """Median time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy from
-    ordinary host memory, or into a fresh ordinary allocation)."""
+    """Time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy from ordinary
+    host memory, or into a fresh ordinary allocation)."""
     src = source.upload(np.zeros(nbytes // 4, np.float32))
-    times = []
-    for _ in range(reps):
-        _sync(source, dest)
-        start = time.perf_counter()
-        moved = src.copyto(dest.tvm_device)
-        _sync(source, dest)
-        times.append(time.perf_counter() - start)
-        del moved
-    return statistics.median(times)
+    return _median_seconds(lambda: src.copyto(dest.tvm_device), source, dest, reps)
 
 
 def locked_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
@@ -50,16 +53,13 @@ def locked_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
     memory from the pool while a CUDA device is in use), the destination allocated per copy as a move does."""
     src = source.empty((nbytes,), "uint8")
     src.copyfrom(np.zeros(nbytes, np.uint8))
-    times = []
-    for _ in range(reps + 1):  # the first allocation may lock fresh memory; the pool serves the rest
-        _sync(source, dest)
-        start = time.perf_counter()
+
+    def copy():
         moved = dest.empty((nbytes,), "uint8")
         moved.copyfrom(src)
-        _sync(source, dest)
-        times.append(time.perf_counter() - start)
-        del moved
-    return statistics.median(times[1:])
+        return moved
+
+    return _median_seconds(copy, source, dest, reps, unmeasured=1)  # the pool serves all but the first
 
 
 def main() -> None:
@@ -90,7 +90,10 @@ def main() -> None:
             path = Path(tmp) / "m.jlm"
             write_random_model(path, cfg, args.wtype)
             extra = [simulated_device("sim")] if args.device == "sim" else []
-            devices = "cpu" if args.device == "sim" else args.device if args.source == "host" else f"{args.source},{args.device}"
+            if args.device == "sim":
+                devices = "cpu"
+            else:
+                devices = args.device if args.source == "host" else f"{args.source},{args.device}"
             model = load(path, devices=devices, placement=f"*={args.source},head={args.source}",
                          ctx=max(histories) + 64, cache_dir=args.cache, extra_devices=extra, cpu_kernels="exact")
         ex = model.executor
@@ -102,7 +105,8 @@ def main() -> None:
                 table.ensure(history)
                 session.tables[unit.index] = table
             session.length = history
-            for direction, target in ((f"{home.name} -> {dev.name}", dev.name), (f"{dev.name} -> {home.name}", home.name)):
+            for direction, target in ((f"{home.name} -> {dev.name}", dev.name),
+                                      (f"{dev.name} -> {home.name}", home.name)):
                 moves, copies, locked = [], [], []
                 phases = []
                 for _ in range(args.reps):

@@ -99,9 +99,8 @@ class Executor:
         key = (kind, device.name)
         if key not in self._programs:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
-            program = load_program(artifact.path, device.tvm_device, kind.kind == "llama")
-            program.main_appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
-            self._programs[key] = program
+            appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
+            self._programs[key] = load_program(artifact.path, device.tvm_device, kind.kind == "llama", appends)
         return self._programs[key]
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
@@ -221,8 +220,7 @@ class Executor:
         dev = segment.device
         if n == 1:
             step = self._step_inputs(session, segment, x, past)
-            out = self._run_units(session, segment, step, 1)
-            return step.staging.logits[0, -1].copy() if segment.head is not None else out
+            return step.output(segment, self._run_units(session, segment, step, 1))
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
@@ -280,7 +278,7 @@ class Executor:
                 self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                          f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
         record.graph.replay()
-        return step.staging.logits[0, -1].copy() if segment.head is not None else record.output
+        return step.output(segment, record.output)
 
     def drop_graphs(self, session: Session | None = None) -> None:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""

@@ -77,8 +77,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         if unit.kind.kind == "gla":
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         clock.mark("kv")
-        for device in {source.name: source, dest.name: dest}.values():  # copies from page-locked memory are
-            device.synchronize()  # asynchronous on the GPU's stream, whichever side the GPU is
+        source.synchronize()  # copies with page-locked host memory run asynchronously on the GPU's
+        dest.synchronize()  # stream, whichever side the GPU is
         clock.mark("sync")
     except BaseException:
         for table in new_tables.values():
@@ -100,8 +100,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
     executor.drop_graphs()  # captured steps hold the source's weights and pages
-    for session in executor.sessions.values():
-        session.kv_room = 0  # the next step checks every table (a session without pages here got an empty one)
+    for session in executor.sessions.values():  # the next step checks every table again (a session
+        session.kv_room = 0  # without pages of this block got an empty one above)
     clock.mark("switch")
     return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, clock.total(), state_bytes,
                       tuple(clock.phases))

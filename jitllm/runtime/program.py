@@ -23,7 +23,7 @@ class Program:
     """`main` writes the step's K and V into the pages itself (GPU decode variants): no `append` after it."""
 
 
-def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Program:
+def load_program(path: Path, device: tvm.runtime.Device, has_append: bool, main_appends: bool = False) -> Program:
     try:
         module = tvm.runtime.load_module(str(path))
     except Exception as e:  # TVM raises its own error types; any failure here means an unusable artifact
@@ -32,4 +32,4 @@ def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Pr
     if not has_append:
         return Program(vm["main"], None, None, None)
     kernels = [module.get_function(name, query_imports=True) for name in (APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES)]
-    return Program(vm["main"], *kernels)
+    return Program(vm["main"], *kernels, main_appends=main_appends)

@@ -124,6 +124,11 @@ class StepInputs:
         for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
             host.transfers.copy_in(tensor, array)
 
+    def output(self, segment: Segment, out: tvm.runtime.Tensor) -> tvm.runtime.Tensor | np.ndarray:
+        """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or the
+        logits row it downloaded where it ends with the head (a copy: the array is rewritten next step)."""
+        return self.staging.logits[0, -1].copy() if segment.head is not None else out
+
     def download(self, logits: tvm.runtime.Tensor) -> None:
         """The head's logits into the host array (the last thing a decode step ending with the head does)."""
         self.staging.transfers.copy_out(self.staging.logits, logits)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jitllm.runtime.devices import cuda_graph
+from jitllm.runtime.devices import cuda_driver
 from jitllm.runtime.devices.cuda import CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, enable_peer_access
 
 
@@ -47,7 +47,7 @@ class FakeDriver:
 @pytest.fixture
 def driver(monkeypatch):
     fake = FakeDriver(no_path={2}, already={(0, 1)})
-    monkeypatch.setattr(cuda_graph, "_cuda", lambda: fake)
+    monkeypatch.setattr(cuda_driver, "driver", lambda: fake)
     return fake
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jitllm.model import load
-from jitllm.runtime.devices import pinned
+from jitllm.runtime.devices import cuda_driver, pinned
 from jitllm.runtime.devices.host import simulated_device
 from jitllm.runtime.dlpack import data_pointer
 from jitllm.runtime.packed_weights import PackedWeights
@@ -44,7 +44,7 @@ class FakeDriver:
 @pytest.fixture
 def driver(monkeypatch):
     fake = FakeDriver()
-    monkeypatch.setattr(pinned, "_cuda", lambda: fake)
+    monkeypatch.setattr(cuda_driver, "driver", lambda: fake)
     return fake
 
 

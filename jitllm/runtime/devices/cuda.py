@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import tvm
 
 from jitllm.errors import JitllmError
 from jitllm.lowering.cuda import CudaTarget
+from jitllm.runtime.devices import cuda_driver
 from jitllm.runtime.devices.base import Device
 
 
@@ -47,17 +49,10 @@ def enable_peer_access(ordinals: list[int]) -> list[tuple[int, int]]:
     refuses is left staged (copies still work, only slower)."""
     if len(ordinals) < 2:
         return []
-    import ctypes
-
-    from jitllm.runtime.devices.cuda_graph import _cuda
-
-    driver = _cuda()
-    handles: dict[int, tuple[ctypes.c_int, ctypes.c_void_p]] = {}
-    for ordinal in ordinals:
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        if driver.cuDeviceGet(ctypes.byref(dev), ordinal) or driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
-            return []
-        handles[ordinal] = (dev, ctx)
+    driver = cuda_driver.driver()
+    handles = {ordinal: cuda_driver.primary_context(ordinal) for ordinal in ordinals}
+    if None in handles.values():
+        return []
     current = ctypes.c_void_p()
     driver.cuCtxGetCurrent(ctypes.byref(current))
     enabled = []
@@ -65,11 +60,11 @@ def enable_peer_access(ordinals: list[int]) -> list[tuple[int, int]]:
         for a in ordinals:
             for b in ordinals:
                 can = ctypes.c_int()
-                if a == b or driver.cuDeviceCanAccessPeer(ctypes.byref(can), handles[a][0], handles[b][0]) or not can.value:
-                    continue
-                driver.cuCtxSetCurrent(handles[a][1])
-                if driver.cuCtxEnablePeerAccess(handles[b][1], 0) in (0, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
-                    enabled.append((a, b))
+                if a != b and driver.cuDeviceCanAccessPeer(ctypes.byref(can), handles[a][0], handles[b][0]) == 0 \
+                        and can.value:
+                    driver.cuCtxSetCurrent(handles[a][1])
+                    if driver.cuCtxEnablePeerAccess(handles[b][1], 0) in (0, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+                        enabled.append((a, b))
     finally:
         driver.cuCtxSetCurrent(current)
     return enabled

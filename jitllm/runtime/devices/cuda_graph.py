@@ -20,28 +20,13 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from jitllm.errors import DeviceFault
+from jitllm.runtime.devices import cuda_driver
+from jitllm.runtime.devices.cuda_driver import check
+from jitllm.runtime.devices.pinned import pinned_pool
 from jitllm.runtime.dlpack import data_pointer
 
 CU_STREAM_NON_BLOCKING = 1
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
-
-_driver: ctypes.CDLL | None = None
-
-
-def _cuda() -> ctypes.CDLL:
-    global _driver
-    if _driver is None:
-        _driver = ctypes.CDLL("libcuda.so.1")
-    return _driver
-
-
-def _check(rc: int, what: str, device: str) -> None:
-    if rc != 0:
-        text = ctypes.c_char_p()
-        _cuda().cuGetErrorString(rc, ctypes.byref(text))
-        raise DeviceFault(device, f"{what} failed: {(text.value or b'CUDA error %d' % rc).decode()}")
-
 
 class CudaGraph:
     """An instantiated graph and the stream it replays on."""
@@ -51,12 +36,12 @@ class CudaGraph:
 
     def replay(self) -> None:
         """Run the captured kernels and wait for them (the outputs are read right after)."""
-        _check(_cuda().cuGraphLaunch(self._exec, self._stream), "CUDA graph launch", self._device)
-        _check(_cuda().cuStreamSynchronize(self._stream), "CUDA graph run", self._device)
+        check(cuda_driver.driver().cuGraphLaunch(self._exec, self._stream), "CUDA graph launch", self._device)
+        check(cuda_driver.driver().cuStreamSynchronize(self._stream), "CUDA graph run", self._device)
 
     def __del__(self) -> None:
-        if self._exec and _driver is not None:
-            _driver.cuGraphExecDestroy(self._exec)
+        if self._exec and cuda_driver.loaded() is not None:
+            cuda_driver.loaded().cuGraphExecDestroy(self._exec)
             self._exec = None
 
 
@@ -70,8 +55,6 @@ class CudaGraphRecorder:
 
     def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         """A zeroed array in page-locked host memory (jitllm.runtime.devices.pinned)."""
-        from jitllm.runtime.devices.pinned import pinned_pool
-
         array = pinned_pool(self._device.index).array(shape, dtype)
         array[...] = 0
         return array
@@ -81,23 +64,27 @@ class CudaGraphRecorder:
         if not self._capturing:
             tensor.copyfrom(array)
             return
-        _check(_cuda().cuMemcpyHtoDAsync_v2(ctypes.c_uint64(data_pointer(tensor)), ctypes.c_void_p(array.ctypes.data),
-                                            ctypes.c_size_t(array.nbytes), self._stream),
-               "cuMemcpyHtoDAsync", self._name)
+        self._captured_copy("cuMemcpyHtoDAsync_v2", ctypes.c_uint64(data_pointer(tensor)),
+                            ctypes.c_void_p(array.ctypes.data), array.nbytes)
 
     def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None:
         """Device tensor -> host array: a graph node while capturing, else TVM's synchronous copy."""
         if not self._capturing:
             array[...] = tensor.numpy()
             return
-        _check(_cuda().cuMemcpyDtoHAsync_v2(ctypes.c_void_p(array.ctypes.data), ctypes.c_uint64(data_pointer(tensor)),
-                                            ctypes.c_size_t(array.nbytes), self._stream),
-               "cuMemcpyDtoHAsync", self._name)
+        self._captured_copy("cuMemcpyDtoHAsync_v2", ctypes.c_void_p(array.ctypes.data),
+                            ctypes.c_uint64(data_pointer(tensor)), array.nbytes)
+
+    def _captured_copy(self, call: str, dst: object, src: object, nbytes: int) -> None:
+        """One asynchronous copy on the capture stream: a node of the graph being captured."""
+        rc = getattr(cuda_driver.driver(), call)(dst, src, ctypes.c_size_t(nbytes), self._stream)
+        check(rc, call.removesuffix("_v2"), self._name)
 
     def _ready_stream(self) -> ctypes.c_void_p:
         if self._stream is None:
             stream = ctypes.c_void_p()
-            _check(_cuda().cuStreamCreate(ctypes.byref(stream), CU_STREAM_NON_BLOCKING), "cuStreamCreate", self._name)
+            rc = cuda_driver.driver().cuStreamCreate(ctypes.byref(stream), CU_STREAM_NON_BLOCKING)
+            check(rc, "cuStreamCreate", self._name)
             self._stream = stream
         return self._stream
 
@@ -106,11 +93,11 @@ class CudaGraphRecorder:
         holds the output tensors, written in place by every replay."""
         import tvm_ffi
 
-        cuda = _cuda()
+        cuda = cuda_driver.driver()
         self._ready_stream()
         graph = ctypes.c_void_p()
         with tvm_ffi.use_raw_stream(self._device, self._stream.value):
-            _check(cuda.cuStreamBeginCapture_v2(self._stream, CU_STREAM_CAPTURE_MODE_RELAXED),
+            check(cuda.cuStreamBeginCapture_v2(self._stream, CU_STREAM_CAPTURE_MODE_RELAXED),
                    "cuStreamBeginCapture", self._name)
             self._capturing = True
             try:
@@ -118,10 +105,10 @@ class CudaGraphRecorder:
             finally:
                 self._capturing = False
                 rc = cuda.cuStreamEndCapture(self._stream, ctypes.byref(graph))
-        _check(rc, "cuStreamEndCapture", self._name)
+        check(rc, "cuStreamEndCapture", self._name)
         exec_handle = ctypes.c_void_p()
         try:
-            _check(cuda.cuGraphInstantiateWithFlags(ctypes.byref(exec_handle), graph, ctypes.c_ulonglong(0)),
+            check(cuda.cuGraphInstantiateWithFlags(ctypes.byref(exec_handle), graph, ctypes.c_ulonglong(0)),
                    "cuGraphInstantiate", self._name)
         finally:
             cuda.cuGraphDestroy(graph)

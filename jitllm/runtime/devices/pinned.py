@@ -21,17 +21,12 @@ import tvm
 import tvm_ffi
 
 from jitllm.errors import DeviceFault
+from jitllm.runtime.devices import cuda_driver
 
 KEEP_BYTES = 1 << 30
 """Freed page-locked memory kept for reuse (beyond it, freed memory is unlocked and returned)."""
 
 CU_MEMHOSTALLOC_PORTABLE = 1  # pinned for every context, whichever is current
-
-
-def _cuda() -> ctypes.CDLL:
-    from jitllm.runtime.devices.cuda_graph import _cuda as driver
-
-    return driver()
 
 
 class _Lease:
@@ -58,11 +53,12 @@ class PinnedPool:
 
     def array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         """An uninitialised array in page-locked memory, given back when the array (and every view) is gone."""
-        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        address = self._take(nbytes)
-        raw = (ctypes.c_uint8 * nbytes).from_address(address)
-        raw.lease = _Lease(self, address, nbytes)  # the array's base keeps the lease
-        return np.frombuffer(raw, np.uint8, int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        size = max(1, nbytes)  # a lock of at least one byte, so an empty array has an address too
+        address = self._take(size)
+        raw = (ctypes.c_uint8 * size).from_address(address)
+        raw.lease = _Lease(self, address, size)  # the array's base keeps the lease
+        return np.frombuffer(raw, np.uint8, nbytes).view(dtype).reshape(shape)
 
     def tensor(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
         """A host (CPU) tensor in page-locked memory; ordinary memory where the driver refuses to lock more."""
@@ -80,7 +76,7 @@ class PinnedPool:
                 del self._order[address]
                 self.kept_bytes -= nbytes
                 return address
-        driver = _cuda()
+        driver = cuda_driver.driver()
         self._ensure_context(driver)
         pointer = ctypes.c_void_p()
         rc = driver.cuMemHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes), CU_MEMHOSTALLOC_PORTABLE)
@@ -95,15 +91,14 @@ class PinnedPool:
         if driver.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
             return
         driver.cuInit(0)
-        dev = ctypes.c_int()
-        driver.cuDeviceGet(ctypes.byref(dev), self.ordinal)
-        driver.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-        driver.cuCtxSetCurrent(ctx)
+        primary = cuda_driver.primary_context(self.ordinal)
+        if primary is not None:
+            driver.cuCtxSetCurrent(primary[1])
 
     def give_back(self, address: int, nbytes: int) -> None:
         """Keep the memory for reuse; past the limit, the memory kept longest goes back to the system."""
         if nbytes > self.keep_bytes:
-            _cuda().cuMemFreeHost(ctypes.c_void_p(address))
+            cuda_driver.driver().cuMemFreeHost(ctypes.c_void_p(address))
             return
         with self._lock:
             self._kept.setdefault(nbytes, []).append(address)
@@ -113,14 +108,16 @@ class PinnedPool:
                 old, size = self._order.popitem(last=False)
                 self._kept[size].remove(old)
                 self.kept_bytes -= size
-                _cuda().cuMemFreeHost(ctypes.c_void_p(old))
+                cuda_driver.driver().cuMemFreeHost(ctypes.c_void_p(old))
 
 
-_pools: dict[int, PinnedPool] = {}
+_pool: PinnedPool | None = None
 
 
 def pinned_pool(ordinal: int = 0) -> PinnedPool:
-    """The process's pool (page-locked memory is portable: one pool serves every CUDA device)."""
-    if not _pools:
-        _pools[ordinal] = PinnedPool(ordinal)
-    return next(iter(_pools.values()))
+    """The process's pool, made for the first CUDA device that asks (page-locked memory is portable:
+    one pool serves every CUDA device)."""
+    global _pool
+    if _pool is None:
+        _pool = PinnedPool(ordinal)
+    return _pool

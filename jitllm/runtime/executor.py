@@ -99,8 +99,9 @@ class Executor:
         key = (kind, device.name)
         if key not in self._programs:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
-            appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
-            self._programs[key] = load_program(artifact.path, device.tvm_device, kind.kind == "llama", appends)
+            main_appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
+            page_kernels = kind.kind == "llama" and not main_appends
+            self._programs[key] = load_program(artifact.path, device.tvm_device, page_kernels)
         return self._programs[key]
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
@@ -242,7 +243,7 @@ class Executor:
             pages, pt = table.pool.pages, table.tensor()
             program = unit.program_for(n)
             h, k, v = call(program.main, h, step.cos, step.sin, pages, pt, step.past, *unit.weights)
-            if not program.main_appends:
+            if program.append is not None:  # (a GPU decode variant's main appends itself)
                 call(program.append, pages, k, v, pt, step.past)
         if segment.head is None:
             return h

@@ -19,11 +19,11 @@ class Program:
     append: Callable | None
     export_pages: Callable | None
     import_pages: Callable | None
-    main_appends: bool = False
-    """`main` writes the step's K and V into the pages itself (GPU decode variants): no `append` after it."""
 
 
-def load_program(path: Path, device: tvm.runtime.Device, has_append: bool, main_appends: bool = False) -> Program:
+def load_program(path: Path, device: tvm.runtime.Device, has_append: bool) -> Program:
+    """`has_append`: the artifact's page kernels are wanted (llama kinds whose `main` leaves the append to
+    the runtime; a GPU decode variant's `main` appends itself, and moves use the general program's)."""
     try:
         module = tvm.runtime.load_module(str(path))
     except Exception as e:  # TVM raises its own error types; any failure here means an unusable artifact
@@ -32,4 +32,4 @@ def load_program(path: Path, device: tvm.runtime.Device, has_append: bool, main_
     if not has_append:
         return Program(vm["main"], None, None, None)
     kernels = [module.get_function(name, query_imports=True) for name in (APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES)]
-    return Program(vm["main"], *kernels, main_appends=main_appends)
+    return Program(vm["main"], *kernels)

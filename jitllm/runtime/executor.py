@@ -79,6 +79,7 @@ class Executor:
         self.cache_dir = cache_dir
         self._placement = placement
         self._programs: dict[tuple[BlockKind, str], Program] = {}
+        self._placed: dict[tuple[int | str, str], tuple[BlockKind, Program, Program | None]] = {}
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
         self._cos, self._sin = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
@@ -109,6 +110,16 @@ class Executor:
         decode = self.program(kind.decode_variant(), device) if getattr(device.target, "decode_variants", False) else None
         return self.program(kind, device), decode
 
+    def placed(self, index: int | str, device: Device) -> tuple[BlockKind, Program, Program | None]:
+        """The unit's kind on `device` and its programs there (`kind_on`, `programs`), worked out once per
+        unit and device: a move's lookup is then one dict hit (deriving and hashing the kinds took ~20 us)."""
+        key = (index, device.name)
+        found = self._placed.get(key)
+        if found is None:
+            kind = self.kind_on(index, device)
+            found = self._placed[key] = (kind, *self.programs(kind, device))
+        return found
+
     def kind_on(self, index: int | str, device: Device) -> BlockKind:
         """The unit's kind as compiled for `device`: targets that prefer fewer, larger matvecs
         (`fuse_linears`) get Q/K/V and gate/up stacked (jitllm.ir.llama.fused_kind)."""
@@ -123,7 +134,7 @@ class Executor:
         weights = self.upload_weights(index, device, kind)
         if kind.kind == "llama":
             self.pool(device)
-        return Unit(index, kind, device, weights, nbytes, *self.programs(kind, device))
+        return Unit(index, kind, device, weights, nbytes, *self.placed(index, device)[1:])
 
     def upload_weights(self, index: int | str, device: Device, kind: BlockKind | None = None) -> PackedWeights:
         """A unit's weights (laid out for `kind`, default its kind on `device`) copied from its .jlm page

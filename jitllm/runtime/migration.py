@@ -50,8 +50,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     clock = _PhaseClock()
     if source is dest:
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
-    kind = executor.kind_on(index, dest)
-    program, decode_program = executor.programs(kind, dest)
+    kind, program, decode_program = executor.placed(index, dest)
     dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
     clock.mark("program")
     new_tables: dict[int, PageTable] = {}

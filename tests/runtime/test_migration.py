@@ -198,6 +198,21 @@ def test_moves_between_fused_and_separate_layouts_keep_the_output(tiny_model, ca
     assert len(ex.blocks[0].weights) > len(ex.blocks[1].weights)
 
 
+def test_a_move_finds_the_destination_programs_with_one_lookup(tiny_model, cache_dir, monkeypatch):
+    """The unit's kind and programs on a device are worked out once (Executor.placed); later moves of the
+    unit there neither derive its kind again nor look its programs up by kind."""
+    model = _load(tiny_model, cache_dir)
+    ex = model.executor
+    model.move("0", "sim:0")
+    model.move("0", "host")
+    derived = []
+    monkeypatch.setattr(ex, "kind_on", lambda *args: derived.append(args))
+    monkeypatch.setattr(ex, "programs", lambda *args: derived.append(args))
+    model.move("0", "sim:0")
+    model.move("0", "host")
+    assert derived == [] and ex.blocks[0].program is ex.program(ex.blocks[0].kind, model.devices["host"])
+
+
 def test_page_runs_group_ids_consecutive_on_both_sides():
     from jitllm.runtime.migration import _joint_runs
 

@@ -1,7 +1,7 @@
 """A unit's weights in one allocation per device, so loading or moving a block is one allocation and
 one copy whatever the number of its tensors (a small block's move was mostly per-tensor costs).
 
-The tensors the programs take are aliases into that allocation (jitllm.runtime.dlpack.alias: TVM's
+The tensors the programs take are aliases into that allocation (jitllm.runtime.dlpack.aliases: TVM's
 kernels reject TVM's own views, which keep their offset in the DLTensor's byte_offset).
 """
 
@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from jitllm.runtime.dlpack import alias
+from jitllm.runtime.dlpack import aliases
 
 ALIGN = 256
 """Byte alignment of each tensor in the allocation (vector loads, and the CUDA allocator's own)."""
@@ -30,7 +30,7 @@ class PackedWeights(list):
     allocation laid out by `layout`)."""
 
     def __init__(self, buffer: tvm.runtime.Tensor, layout: Layout) -> None:
-        super().__init__(alias(buffer, shape, dtype, at) for shape, dtype, at in layout)
+        super().__init__(aliases(buffer, layout))
         self.buffer, self.layout = buffer, layout
 
     @classmethod

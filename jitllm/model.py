@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 from jitllm.errors import DeviceFault, JitllmError
 from jitllm.jlm import JlmFile
 from jitllm.runtime.devices.base import Device
+from jitllm.runtime.devices.buffer_pool import pool_from_env
 from jitllm.runtime.devices.host import HOST, host_device
 from jitllm.runtime.executor import Executor, Session
 from jitllm.runtime.generation import GenerationStats, generate_ids
@@ -193,6 +194,8 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     for extra in extra_devices or []:
         devs[extra.name.lower()] = extra
     devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)
+    if devs[HOST].allocator is not None:  # page-locked: weights leaving the host are kept for the next to arrive
+        devs[HOST].weight_pool = pool_from_env()
     _link_cards([c for c in choices if c.device.backend == "cuda"], log)
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]

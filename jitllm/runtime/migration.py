@@ -6,8 +6,10 @@ afresh from the .jlm where the destination lays the unit out differently) and ev
 pages copied into the destination pool (each run of pages consecutive on both sides in one copy; many
 scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
 per-session state is copied into new tensors on the destination instead). Only then is the
-unit switched over and the source's memory freed; any failure before that undoes what was done, so
-the block keeps running where it was with its KV intact. Nothing is recomputed.
+unit switched over and the source's memory freed (its weights buffer kept for the next unit to arrive
+where the source has a weight pool, jitllm.runtime.devices.buffer_pool; the destination's came from
+its pool where one was kept); any failure before that undoes what was done, so the block keeps running
+where it was with its KV intact. Nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class MoveReport:
     state_bytes: int = 0
     """Recurrent state copied (GLA blocks: every live session's)."""
     phases: tuple[tuple[str, float], ...] = ()
-    """Seconds per phase: program (lookup, budget), weights (alloc, copy, aliases; or one `weights` phase
+    """Seconds per phase: program (lookup, budget), weights (alloc, or taking a buffer the destination's
+    pool kept; copy; aliases, none to make where the kept buffer brought them; or one `weights` phase
     where the destination lays the unit out afresh), kv pages (allocation), kv (copies, or recurrent
     state), sync, switch."""
 

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 import tvm
 
+from jitllm.runtime.devices.buffer_pool import BufferPool
 from jitllm.runtime.dlpack import aliases
 
 ALIGN = 256
@@ -27,11 +28,21 @@ def _aligned(n: int) -> int:
 
 class PackedWeights(list):
     """The unit's weight tensors, in its program's order, all aliases into `buffer` (one uint8
-    allocation laid out by `layout`)."""
+    allocation laid out by `layout`). Where the device keeps weights buffers for reuse (its
+    `weight_pool`), the buffer and its aliases go back there when these weights are gone, and the next
+    weights of the same size there take them (jitllm.runtime.devices.buffer_pool)."""
 
-    def __init__(self, buffer: tvm.runtime.Tensor, layout: Layout) -> None:
-        super().__init__(aliases(buffer, layout))
-        self.buffer, self.layout = buffer, layout
+    def __init__(self, buffer: tvm.runtime.Tensor, layout: Layout, views: list[tvm.runtime.Tensor] | None = None,
+                 pool: BufferPool | None = None) -> None:
+        """`views`: aliases of `buffer` already made for `layout` (a buffer from the pool), else made here;
+        `pool`: where the buffer goes back when these weights are gone."""
+        super().__init__(aliases(buffer, layout) if views is None else views)
+        self.buffer, self.layout, self._pool = buffer, layout, pool
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.give_back(self.buffer, self.layout, tuple(self))
 
     @classmethod
     def upload(cls, device, groups: list[list[np.ndarray]]) -> "PackedWeights":
@@ -40,20 +51,21 @@ class PackedWeights(list):
         for parts in groups:
             layout.append(((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), str(parts[0].dtype), end))
             end = _aligned(end + sum(p.nbytes for p in parts))
-        buffer = device.empty((max(end, ALIGN),), "uint8")
+        layout = tuple(layout)
+        buffer, views = device.weights_buffer(max(end, ALIGN), layout)
         for parts, (_, dtype, at) in zip(groups, layout):
             for part in parts:
                 buffer._create_view(part.shape, dtype, at).copyfrom(np.ascontiguousarray(part))
                 at += part.nbytes
-        return cls(buffer, tuple(layout))
+        return cls(buffer, layout, views, device.weight_pool)
 
     def to(self, device, mark: Callable[[str], None] = lambda phase: None) -> "PackedWeights":
-        """The same weights on `device`: one allocation and one copy of it (`mark` is called after the
-        allocation, the copy and the aliases, for a move's phase clock)."""
-        buffer = device.empty(self.buffer.shape, "uint8")
+        """The same weights on `device`: one allocation (or a buffer its pool kept) and one copy of it
+        (`mark` is called after the allocation, the copy and the aliases, for a move's phase clock)."""
+        buffer, views = device.weights_buffer(int(self.buffer.shape[0]), self.layout)
         mark("weights alloc")
         buffer.copyfrom(self.buffer)
         mark("weights copy")
-        moved = PackedWeights(buffer, self.layout)
+        moved = PackedWeights(buffer, self.layout, views, device.weight_pool)
         mark("weights aliases")
         return moved

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 import tvm
 
 from jitllm.errors import JitllmError
+from jitllm.runtime.devices.buffer_pool import BufferPool
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,6 +38,9 @@ class Device:
     host's page-locked pool while a CUDA device is in use (jitllm.runtime.devices.pinned)."""
     host_allocator: Callable[[tuple[int, ...], str], tvm.runtime.Tensor] | None = field(default=None, repr=False)
     """Host memory this device copies to and from fastest (CUDA: page-locked), for the host's `allocator`."""
+    weight_pool: BufferPool | None = field(default=None, repr=False)
+    """Where the weights buffers of units that left this device are kept for the next ones to arrive
+    (jitllm.runtime.devices.buffer_pool): CUDA devices, and the host while its memory is page-locked."""
 
     def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
         """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
@@ -57,12 +63,30 @@ class Device:
             self.used_bytes = max(0, self.used_bytes - nbytes)
 
     def upload(self, array: np.ndarray) -> tvm.runtime.Tensor:
-        return tvm.runtime.tensor(np.ascontiguousarray(array), self.tvm_device)
+        return self.with_room(lambda: tvm.runtime.tensor(np.ascontiguousarray(array), self.tvm_device))
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
         if self.allocator is not None:
-            return self.allocator(tuple(shape), dtype)
-        return tvm.runtime.empty(shape, dtype, self.tvm_device)
+            return self.with_room(lambda: self.allocator(tuple(shape), dtype))
+        return self.with_room(lambda: tvm.runtime.empty(shape, dtype, self.tvm_device))
+
+    def weights_buffer(self, nbytes: int, layout: tuple) -> tuple[tvm.runtime.Tensor, list[tvm.runtime.Tensor] | None]:
+        """A uint8 buffer of `nbytes` for a unit's weights laid out by `layout`: one the weight pool kept,
+        with its aliases where they were made for that layout, else a new allocation (and None)."""
+        if self.weight_pool is not None:
+            kept = self.weight_pool.take(nbytes, layout)
+            if kept is not None:
+                return kept
+        return self.empty((nbytes,), "uint8"), None
+
+    def with_room(self, allocate: Callable[[], T]) -> T:
+        """`allocate()`; where it fails while the weight pool keeps buffers, again once they are let go."""
+        try:
+            return allocate()
+        except Exception:  # TVM reports a failed allocation as its own error types
+            if self.weight_pool is None or not self.weight_pool.clear():
+                raise
+        return allocate()
 
     def synchronize(self) -> None:
         self.tvm_device.sync()
@@ -72,4 +96,4 @@ def to_device(tensor: tvm.runtime.Tensor, device: Device) -> tvm.runtime.Tensor:
     """The same values on `device` (no copy when already there)."""
     if tensor.device == device.tvm_device:
         return tensor
-    return tensor.copyto(device.tvm_device)
+    return device.with_room(lambda: tensor.copyto(device.tvm_device))

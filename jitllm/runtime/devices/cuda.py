@@ -11,6 +11,7 @@ from jitllm.errors import JitllmError
 from jitllm.lowering.cuda import CudaTarget
 from jitllm.runtime.devices import cuda_driver
 from jitllm.runtime.devices.base import Device
+from jitllm.runtime.devices.buffer_pool import pool_from_env
 
 
 def cuda_arch(ordinal: int) -> str:
@@ -32,6 +33,7 @@ def cuda_device(choice) -> Device:
         from jitllm.runtime.devices.pinned import pinned_pool
 
         device.host_allocator = pinned_pool(ordinal).tensor
+    device.weight_pool = pool_from_env()  # weights that left the card, kept for the next to arrive
     if os.environ.get("JITLLM_CUDA_GRAPHS", "1") != "0":
         from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
 

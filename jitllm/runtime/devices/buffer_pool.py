@@ -6,7 +6,7 @@ then allocates nothing and makes no aliases.
 
 Measured on the H200 at stop 13, a SmolLM2-shaped block's move (0.14 ms on the link) spent 0.1-0.2 ms in
 the device allocation (cudaMalloc; and cudaFree of the source's buffer) and ~0.1 ms making its aliases.
-The way PyTorch's caching allocator and devices/pinned.py (page-locked host memory) keep memory:
+Kept the way PyTorch's caching allocator and devices/pinned.py (page-locked host memory) keep memory:
 
 - reuse by exact size; a buffer is handed out again only when nothing but the pool holds it or its
   aliases: no other Python reference (compared with a probe the pool holds the same way) and no other
@@ -17,8 +17,8 @@ The way PyTorch's caching allocator and devices/pinned.py (page-locked host memo
 - a device allocation that fails while the pool keeps buffers is retried once after the pool let them
   go (Device.empty; allocations TVM's VM makes for a program's intermediates do not pass there).
 - kept buffers are not charged to the device's budget: `Device.used_bytes` counts resident weights only.
-- buffers come back from the collector, on any thread: they are queued and filed under a lock by
-  whichever call gets it next.
+- buffers come back wherever the last reference to their weights is dropped, on any thread (or from
+  the collector): they are queued and filed under a lock by whichever call gets it next.
 """
 
 from __future__ import annotations

@@ -31,20 +31,20 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     from jitllm.lowering.llvm import LlvmTarget
     from jitllm.random_model import preset_layout
 
-    cuda, host = CudaTarget("sm_90"), LlvmTarget("exact")
+    cuda, fast, host = CudaTarget("sm_90"), CudaTarget("sm_90", "fast"), LlvmTarget("exact")
 
     def as_run(kind, target):  # what Executor.kind_on gives a device of `target`, and its decode variant
         kind = fused_kind(kind) if getattr(target, "fuse_linears", False) else kind
         return [(kind, target), (kind.decode_variant(), target)]
 
-    pairs = [(kind, cuda) for kind in gpu_test_kinds()]
+    pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
-        pairs += as_run(kind, host)
+        pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
     for preset, wtype in [*presets, *host_presets]:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:
-            pairs += as_run(kind, cuda)
+            pairs += as_run(kind, fast) + (as_run(kind, cuda) if wtype.startswith("q") else [])
     for preset, wtype in host_presets:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:

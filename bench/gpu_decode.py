@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("-pp", type=int, default=512)
     ap.add_argument("-tg", type=int, default=128)
     ap.add_argument("-cache", default="cache")
+    ap.add_argument("-gpu-kernels", dest="gpu_kernels", default="fast", choices=("fast", "exact"),
+                    help="decode matvecs over quantized weights: int8 activations (fast) or f32 (exact)")
     ap.add_argument("-hf", action="store_true", help="also time HF transformers eager (f16)")
     ap.add_argument("-histories", default="", help="also decode at these history lengths, e.g. 1024,8192,32768")
     ap.add_argument("-llamacpp", default=None, help="llama-bench JSON (bench/llamacpp) of the same lease")
@@ -109,7 +111,7 @@ def main() -> None:
         path, cfg = random_model(args.preset, args.wtype, tmp)
         histories = [int(h) for h in args.histories.split(",") if h]
         ctx = max([args.pp + args.tg + 16] + [h + args.tg + 16 for h in histories])
-        model = load(path, devices=args.device, ctx=ctx, cache_dir=args.cache)
+        model = load(path, devices=args.device, ctx=ctx, cache_dir=args.cache, gpu_kernels=args.gpu_kernels)
         wbytes = weight_bytes(model)
         pp = prefill_speed(model, args.pp, args.reps)
         load_before = os.getloadavg()[0]

@@ -1,14 +1,21 @@
-"""Prefill kernels one at a time: the tensor-core linears (against the f32 CUDA-core kernel they replaced)
-and the tiled prefill attention, checked against float64 numpy and timed on the GPU.
+"""Kernels one at a time: the prefill tensor-core linears (against the f32 CUDA-core kernel they
+replaced), the tiled prefill attention, and the decode matvecs over quantized weights (the exact f32
+GEMV against the int8-activation dp4a GEMV at several row groups per thread block), checked against
+float64 numpy and timed on the GPU.
 
-    python bench/gpu_kernels.py build [-out build/gpu_kernels]        # here: full TVM, nvcc
+    python bench/gpu_kernels.py build [-out build/gpu_kernels] [-parts matvecs,linears,attention]  # here
     python3 bench/gpu_kernels.py run [-dir build/gpu_kernels]         # there (carry the folder)
 
 `build` compiles, for the benchmark shapes (the 3B shape's fused Q/K/V, O, gate/up and down matrices;
 SmolLM2's Q/K/V and down; every weight format the tensor-core kernel takes), one module per linear
-holding `mma` (jitllm's prefill kernel) and `simt` (the dlight-scheduled f32 kernel, the stop 11 path),
-and one module per attention shape. `run` prints, per kernel and row count, the median time of 3 x 20
-launches, TFLOP/s and the largest error relative to the largest float64 output.
+holding `mma` (jitllm's prefill kernel), `mma_f16` (the fast family's: f16 operands alone) and `simt`
+(the dlight-scheduled f32 kernel, the stop 11 path),
+and one module per attention shape, and one module per decode matvec (the 3B and SmolLM2 shapes with the
+ops a decode step folds into them) holding `exact` and `int8_g<RG>`. `run` prints, per kernel and row
+count, the median time of 3 x 20 launches, TFLOP/s and the largest error relative to the largest float64
+output; for the matvecs, the time per launch over copies of the weights that together overflow the L2
+cache, the bandwidth that is, and the error against float64 and (int8) against a numpy emulation of
+the activations' int8 quantization.
 """
 
 from __future__ import annotations
@@ -25,11 +32,18 @@ import numpy as np
 LINEARS = {"llama-3.2-3b": [(5120, 3072), (3072, 3072), (16384, 3072), (3072, 8192)],
            "smollm2-135m": [(960, 576), (576, 1536)]}
 FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
+MATVECS = {"llama-3.2-3b": [(5120, 3072, "RmsNormLinear"), (3072, 3072, "LinearAdd"), (16384, 3072, "RmsNormLinear"),
+                            (3072, 8192, "SwiGLULinearAdd"), (3072, 3072, "Linear")],
+           "smollm2-135m": [(960, 576, "RmsNormLinear"), (576, 576, "LinearAdd"), (3072, 576, "RmsNormLinear"),
+                            (576, 1536, "SwiGLULinearAdd")]}
+MATVEC_FORMATS = {"q4_0": (1, 2, 4), "q4_1": (None,), "q8_0": (None,)}  # row groups per block tried (None: default)
+EPS = 1e-5
+L2_BYTES = 160 * 2**20  # weight copies per matvec timing: together more than the H200's 50 MB L2
 ATTENTION_CASES = [(1, 512, [0]), (2, 37, [5, 100]), (1, 70, [33])]  # (batch, new tokens, history per sequence)
 P = 16  # page size
 
 
-def build(out: Path) -> None:
+def build(out: Path, parts: set[str]) -> None:
     import tvm
     from tvm.s_tir import dlight as dl
 
@@ -54,14 +68,30 @@ def build(out: Path) -> None:
         tmp.replace(out / f"{name}.so")
         print(f"built {name} in {time.perf_counter() - start:.1f}s", flush=True)
 
-    manifest = {"linears": [], "attention": []}
-    for preset, shapes in LINEARS.items():
+    manifest = {"linears": [], "attention": [], "matvecs": []}
+    for preset, shapes in LINEARS.items() if "linears" in parts else ():
         for n, k in shapes:
             for wtype in FORMATS:
                 name = f"linear_{wtype}_{n}x{k}"
-                compile_to(name, {"mma": mma_linear_kernel(wtype, n, k)[1], "simt": linear_kernel(wtype, n, k)[1]})
+                compile_to(name, {"mma": mma_linear_kernel(wtype, n, k)[1], "simt": linear_kernel(wtype, n, k)[1],
+                                  "mma_f16": mma_linear_kernel(wtype, n, k, split=False)[1]})
                 manifest["linears"].append({"name": name, "wtype": wtype, "n": n, "k": k})
-    for preset in LINEARS:
+    from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
+    from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
+
+    for preset, shapes in MATVECS.items() if "matvecs" in parts else ():
+        for n, k, family in shapes:
+            for wtype, groups in MATVEC_FORMATS.items():
+                funcs = {"exact": gemv_kernel(wtype, n, k, family, EPS)[1]}
+                for rg in groups:
+                    rg = rg or groups_per_block(n // 8)
+                    if (n // 8) % rg == 0:
+                        funcs[f"int8_g{rg}"] = int8_gemv_kernel(wtype, n, k, family, EPS, rg)[1]
+                name = f"matvec_{wtype}_{n}x{k}_{family}"
+                compile_to(name, funcs)
+                manifest["matvecs"].append({"name": name, "wtype": wtype, "n": n, "k": k, "family": family,
+                                            "funcs": list(funcs)})
+    for preset in LINEARS if "attention" in parts else ():
         kind = preset_layout(preset, "f16").block_kinds[0]
         c, name = kind.config, f"attention_{preset}"
         compile_to(name, {"attention": attention_kernel(kind)[1]})
@@ -98,6 +128,73 @@ def attention_reference(q, k, v, pages, pt, past) -> np.ndarray:
     return out
 
 
+def quantize_int8(v: np.ndarray) -> np.ndarray:
+    """v (float32) through the fast kernels' int8 activations: per 32-block, scale max|v|/127, round half
+    to even; returned dequantized, in float64."""
+    blocks = v.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    return (np.rint(blocks * inv).astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(v.shape)
+
+
+def matvec_case(entry: dict, rng) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
+    """(inputs before the weights, after them, float64 output, int8-emulated output) of one matvec with
+    its folded ops: the norm (1/RMS of the input times the norm weight), SwiGLU, the residual add."""
+    n, k, family = entry["n"], entry["k"], entry["family"]
+    parts, w = random_weights(entry["wtype"], n, k, rng)
+    x = rng.standard_normal((1, 2 * k if family == "SwiGLULinearAdd" else k), dtype=np.float32)
+    before, after = [x], []
+    v, scale = x[0], 1.0
+    if family == "SwiGLULinearAdd":
+        g, u = x[0, :k], x[0, k:]
+        v = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+    if family == "RmsNormLinear":
+        nw = (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+        before.append(nw)
+        scale = 1 / np.sqrt(np.mean(v.astype(np.float64) ** 2) + EPS)
+        v = (v * nw).astype(np.float32)
+    exact = (w @ v.astype(np.float64)) * scale
+    emulated = (w @ quantize_int8(v)) * scale
+    if family in ("LinearAdd", "SwiGLULinearAdd"):
+        res = rng.standard_normal((1, n // 8, 8), dtype=np.float32)
+        after.append(res)
+        exact, emulated = exact + res.reshape(n), emulated + res.reshape(n)
+    return [*before, *parts], after, exact, emulated
+
+
+def run_matvecs(folder: Path, manifest: dict, dev, up, rng) -> None:
+    import tvm
+
+    for entry in manifest.get("matvecs", []):
+        lib = tvm.runtime.load_module(str(folder / f"{entry['name']}.so"))
+        inputs, after, exact, emulated = matvec_case(entry, rng)
+        weight_bytes = sum(a.nbytes for a in inputs[1:] if a.ndim > 1)
+        copies = [[up(a) for a in inputs + after] for _ in range(max(1, -(-L2_BYTES // weight_bytes)))]
+        y = tvm.runtime.empty((1, entry["n"] // 8, 8), "float32", dev)
+        line = [f"{entry['wtype']:>5} {entry['n']:>5} x {entry['k']:<5} {entry['family']:<16}"]
+        for fn in entry["funcs"]:
+            f = lib[fn]
+            f(*copies[0], y)
+            got = y.numpy().reshape(-1)
+            scale = np.abs(exact).max()
+            err = f"err {np.abs(got - exact).max() / scale:.1e}"
+            if fn.startswith("int8"):
+                err += f" emu {np.abs(got - emulated).max() / scale:.1e}"
+            times = []
+            for _ in range(3):
+                dev.sync()
+                start = time.perf_counter()
+                for _ in range(max(1, 40 // len(copies))):
+                    for args in copies:
+                        f(*args, y)
+                dev.sync()
+                times.append((time.perf_counter() - start) / (max(1, 40 // len(copies)) * len(copies)))
+            t = float(np.median(times))
+            line.append(f"{fn} {t * 1e6:7.2f} us {weight_bytes / t / 1e9:6.0f} GB/s {err}")
+        print(" | ".join(line), flush=True)
+
+
 def run(folder: Path) -> None:
     import tvm
 
@@ -108,6 +205,7 @@ def run(folder: Path) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     up = lambda a: tvm.runtime.tensor(a, dev)  # noqa: E731
     rng = np.random.default_rng(0)
+    run_matvecs(folder, manifest, dev, up, rng)
     for entry in manifest["linears"]:
         n, k = entry["n"], entry["k"]
         lib = tvm.runtime.load_module(str(folder / f"{entry['name']}.so"))
@@ -117,7 +215,7 @@ def run(folder: Path) -> None:
             x = rng.standard_normal((m, k), dtype=np.float32)
             exact = x.astype(np.float64) @ w.T
             line = [f"{entry['wtype']:>5} {n:>5} x {k:<5} M={m:<5}"]
-            for fn in ("simt", "mma"):
+            for fn in ("simt", "mma", "mma_f16"):
                 y = tvm.runtime.empty((m, n), "float32", dev)
                 lib[fn](up(x), *weights, y)
                 err = np.abs(y.numpy() - exact).max() / np.abs(exact).max()
@@ -147,9 +245,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("step", choices=["build", "run"])
     ap.add_argument("-out", "-dir", dest="folder", default="build/gpu_kernels")
+    ap.add_argument("-parts", default="matvecs,linears,attention", help="what `build` compiles")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    (build if args.step == "build" else run)(Path(args.folder))
+    if args.step == "build":
+        build(Path(args.folder), set(args.parts.split(",")))
+    else:
+        run(Path(args.folder))
 
 
 if __name__ == "__main__":

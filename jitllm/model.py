@@ -149,10 +149,10 @@ class Model:
                 self.executor.close_session(session)
 
 
-def _device_for(choice) -> Device:
+def _device_for(choice, gpu_kernels: str) -> Device:
     from jitllm.runtime.devices.registry import make_device
 
-    return make_device(choice)
+    return make_device(choice, gpu_kernels)
 
 
 def load(path: str | Path, devices: str = "auto", vram: str | None = None,
@@ -160,12 +160,13 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
          log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
          extra_devices: list[Device] | None = None, cpu_kernels: str = "fast", relocate: bool = True,
-         gpu_grow: bool = False, tune_seam: bool = False) -> Model:
+         gpu_grow: bool = False, tune_seam: bool = False, gpu_kernels: str = "fast") -> Model:
     """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
 
     `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
     devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
-    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations). `relocate`: when a
+    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations); `gpu_kernels` the same
+    for the GPUs' decode matvecs over quantized weights (jitllm.lowering.cuda.CudaTarget). `relocate`: when a
     device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
     start on the host and move one block per generated token to where the plan puts it. `tune_seam`:
     time a few seams while generating and keep the fastest (see runtime/seam_tuning.py)."""
@@ -190,7 +191,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
         log(the_plan.describe())
     devs: dict[str, Device] = {HOST: host_device(cpu_kernels)}
     for choice in choices:
-        devs[choice.name] = _device_for(choice)
+        devs[choice.name] = _device_for(choice, gpu_kernels)
     for extra in extra_devices or []:
         devs[extra.name.lower()] = extra
     devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)

@@ -34,7 +34,7 @@ def test_verify_cli_fast_against_exact_uses_the_fast_kernels_tolerance(tiny_mode
 
     out = jitllm("verify", "-devices", "cpu", "-cpu-kernels", "fast", "-n", "6", str(tiny_model), "hello", cache=cache_dir)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "(fast kernels)" in out.stdout and "(tol 0.25)" in out.stdout
+    assert "(fast host kernels)" in out.stdout and "(tol 0.25)" in out.stdout
     strict = jitllm("verify", "-devices", "cpu", "-cpu-kernels", "fast", "-tol", "0.001", "-n", "6", str(tiny_model),
                     "hello", cache=cache_dir)
     assert strict.returncode == 1 and "differ beyond a near-tie" in strict.stderr

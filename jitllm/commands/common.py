@@ -26,6 +26,8 @@ def placement_options(func):
         opt("no-gpu-fallback", "no_gpu_fallback", is_flag=True, help="fail instead of finishing on the CPU when a device breaks"),
         opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
             help="host kernels: fast = int8-quantized activations, exact = f32 activations"),
+        opt("gpu-kernels", "gpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
+            help="GPU decode matvecs over quantized weights: fast = int8 activations (dp4a), exact = f32"),
         click.option("-relocate/-no-relocate", "--relocate/--no-relocate", "relocate", default=True, show_default=True,
                      help="when a device cannot grow the context, hand its last block to the host"),
         opt("gpu-grow", "gpu_grow", is_flag=True, help="start on the CPU, move one block per token onto the devices"),
@@ -38,8 +40,8 @@ def placement_options(func):
 
 
 def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
-               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, relocate: bool, gpu_grow: bool, tune_seam: bool,
-               verbose: bool):
+               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, gpu_kernels: str, relocate: bool, gpu_grow: bool,
+               tune_seam: bool, verbose: bool):
     """Load (converting the built-in default when `model_path` is None) and report on stderr."""
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import load, with_placement
@@ -52,7 +54,7 @@ def load_model(model_path: str | None, devices: str, vram, placement, placement_
     log = stderr_log if verbose else _compile_log
     return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
                 cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback,
-                cpu_kernels=cpu_kernels, relocate=relocate, gpu_grow=gpu_grow, tune_seam=tune_seam)
+                cpu_kernels=cpu_kernels, gpu_kernels=gpu_kernels, relocate=relocate, gpu_grow=gpu_grow, tune_seam=tune_seam)
 
 
 def _compile_log(message: str) -> None:

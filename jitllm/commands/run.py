@@ -22,7 +22,7 @@ from jitllm.commands.common import load_model, opt, placement_options
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
 @placement_options
 def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, devices, vram, placement,
-        placement_strict, gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, relocate, gpu_grow,
+        placement_strict, gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow,
         tune_seam, verbose) -> None:
     """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
     from jitllm.runtime.placement import parse_placement
@@ -34,7 +34,7 @@ def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at
     chat = chat or model_path is None
     schedule = parse_move_at(move_at)
     model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-                       no_gpu_fallback, cpu_kernels, relocate, gpu_grow, tune_seam, verbose)
+                       no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam, verbose)
     for specs in schedule.values():
         for spec in specs:
             parse_placement(spec).validate(len(model.executor.blocks), set(model.devices))

@@ -20,7 +20,8 @@ from jitllm.commands.common import load_model, opt, placement_options
      help="weight type of -preset")
 @placement_options
 def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, devices, vram, placement, placement_strict,
-          gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, relocate, gpu_grow, tune_seam, verbose) -> None:
+          gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam,
+          verbose) -> None:
     """Prefill (ppN) and decode (tgN) tokens/s, mean ± sd over -r runs, as llama-bench prints them."""
     from jitllm.speed import decode_speed, prefill_speed, table
 
@@ -34,7 +35,7 @@ def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, devices, v
             model_path = str(Path(tmp) / f"{preset}.jlm")
             write_random_model(model_path, preset, wtype)
         model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-                           no_gpu_fallback, cpu_kernels, relocate, False, False, verbose)
+                           no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, False, False, verbose)
         results = []
         if prompt_tokens:
             results.append(prefill_speed(model, prompt_tokens, reps))

@@ -13,13 +13,13 @@ DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,
 @click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")
 @opt("n", "steps", type=click.IntRange(min=1), default=32, show_default=True, help="positions to compare")
 @opt("tol", type=click.FloatRange(min=0.0), default=None,
-     help="report differences above this; 10x it is an error (default 0.01; 0.25 when fast and exact host "
-          "kernels are compared: int8 activations move logits by up to ~2 on SmolLM2, docs/performance.md)")
+     help="report differences above this; 10x it is an error (default 0.01; 0.25 when fast kernels, host or GPU, "
+          "are compared with exact ones: int8 activations move logits by up to ~2 on SmolLM2, docs/performance.md)")
 @opt("ref-kernels", "ref_kernels", type=click.Choice(["fast", "exact"]), default="exact", show_default=True,
      help="host kernels of the reference side")
 @placement_options
 def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-           no_gpu_fallback, cpu_kernels, relocate, gpu_grow, tune_seam, verbose) -> None:
+           no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam, verbose) -> None:
     """Run the same tokens on the host and on -devices; report every position where the logits part.
 
     `-devices cpu -cpu-kernels fast` compares the fast host kernels with the exact reference."""
@@ -29,17 +29,19 @@ def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_st
         raise click.UsageError(f"expected [MODEL] [PROMPT], got {len(args)} arguments")
     model_path = args[0] if args else None
     prompt = args[1] if len(args) > 1 else DEFAULT_PROMPT
-    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, relocate, False, False,
-              verbose)
+    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, gpu_kernels, relocate,
+              False, False, verbose)
     device_model = load_model(model_path, devices, *common)
-    host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, True, False,
-                            False, False)
+    host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, ref_kernels,
+                            True, False, False, False)
     ids = host_model.tokenizer.encode(prompt)
     where = sorted({u.device.name for u in [*device_model.executor.blocks, device_model.executor.head]})
     if tol is None:
-        tol = 0.25 if where == ["host"] and cpu_kernels != ref_kernels else 1e-2
+        fast = "host" in where and cpu_kernels != ref_kernels or where != ["host"] and gpu_kernels != ref_kernels
+        tol = 0.25 if fast else 1e-2
     report = run_verify(host_model, device_model, ids, steps, tol)
-    sides = f"host ({ref_kernels} kernels) vs {', '.join(where)}" + (f" ({cpu_kernels} kernels)" if where == ["host"] else "")
+    kernels = [f"{cpu_kernels} host kernels"] * ("host" in where) + [f"{gpu_kernels} GPU kernels"] * (where != ["host"])
+    sides = f"host ({ref_kernels} kernels) vs {', '.join(where)} ({', '.join(kernels)})"
     click.echo(f"compared {report.checked} positions, {sides}; max |dlogit| {report.max_diff:.3g} (tol {tol:g})")
     for p in report.positions:
         click.echo(f"  position {p.index}: max |dlogit| {p.max_diff:.3g}, top-1 host {p.host_top1} / device "

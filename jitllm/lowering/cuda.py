@@ -12,25 +12,36 @@ import re
 import tvm
 
 
+KERNELS = ("exact", "fast")
+
+
 class CudaTarget:
     name = "cuda"
     sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
-               "kernels_gpu_mma.py")
+               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py")
 
-    def __init__(self, arch: str = "sm_90") -> None:
+    def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
+        """`kernels`: "exact" (f32 activations everywhere; tensor cores through f16 hi + lo halves) or
+        "fast" (decode matvecs over GGML-quantized weights quantize the activations to int8 and use
+        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, kernels_gpu_mma.py;
+        float-weight decode matvecs are the same in both)."""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if match is None:
             from jitllm.errors import JitllmError
 
             raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90 or sm_90a)")
-        self.arch = arch
+        if kernels not in KERNELS:
+            from jitllm.errors import JitllmError
+
+            raise JitllmError(f"unknown GPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
+        self.arch, self.kernels = arch, kernels
         self.compute_capability = int(match.group(1))
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
 
     def cache_key(self) -> dict:
-        return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm"}
+        return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm", "kernels": self.kernels}
 
     fuse_linears = True
     """Q/K/V and gate/up as one matvec each: every GPU kernel has a fixed cost of a few µs (DESIGN.md §3)."""
@@ -48,14 +59,29 @@ class CudaTarget:
         from jitllm.lowering.kernels_gpu import linear_kernel
         from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
 
-        mma = mma_linear_kernel(wtype, n, k) if rows is None and self.compute_capability >= 70 else None
+        if rows == 1 and self._int8_activations(wtype):
+            from jitllm.ir.ops import LINEAR
+
+            return self.folded_linear_kernel(LINEAR, wtype, n, k)
+        mma = mma_linear_kernel(wtype, n, k, self.kernels == "exact") if rows is None and self.compute_capability >= 70 \
+            else None
         return mma or linear_kernel(wtype, n, k, rows)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""
+        if self._int8_activations(wtype):
+            from jitllm.lowering.kernels_gpu_gemv_int8 import int8_gemv_kernel
+
+            return int8_gemv_kernel(wtype, n, k, family, eps)
         from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
 
         return gemv_kernel(wtype, n, k, family, eps)
+
+    def _int8_activations(self, wtype: str) -> bool:
+        """dp4a (sm_61 on) over a GGML format, with the fast family."""
+        from jitllm.lowering.kernels_gpu_gemv_int8 import FORMATS
+
+        return self.kernels == "fast" and wtype in FORMATS and self.compute_capability >= 61
 
     def rotary_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import rotary_kernel

@@ -6,7 +6,9 @@ x = hi + lo (hi = f16(x), lo = f16(x - hi)), and both are multiplied: ~22 bits o
 24-bit mantissa survive, close to the f32 CUDA-core kernel (measured on the H200: relative error
 8e-6 against 2.5e-6 for the f32 kernel, 2e-4 with f16 activations alone). f16 weights are exact in
 f16; a dequantized weight (d · q) is not, so it is split the same way and the product hi·hi + lo·hi +
-hi·lo taken (the lo·lo term is below f32 rounding).
+hi·lo taken (the lo·lo term is below f32 rounding). The fast kernel family (`split=False`) takes
+f16(x) times f16(w) alone, one product instead of two or three: relative error ~2e-4, as
+llama.cpp's f16 GEMMs have, far below the int8 activations of the fast decode matvecs.
 
 One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each WM x BN/2); per BK = 32 step
 (one quantization block) x's rows and the weights' columns sit in shared memory as f16 while each warp
@@ -29,14 +31,15 @@ NT = 128  # 4 warps
 WMMA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
 
 
-def mma_linear_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc] | None:
+def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True) -> tuple[str, tvm.tirx.PrimFunc] | None:
     """The tensor-core kernel for a prefill linear of this shape, or None where it does not apply
-    (f32 weights, or N not a multiple of 64)."""
+    (f32 weights, or N not a multiple of 64). `split`: f16 hi + lo halves (near-f32 results) or f16
+    operands alone (the fast family)."""
     if wtype not in WMMA_FORMATS or n % 64 or k % BK:
         return None
     bn = 128 if n % 128 == 0 else 64
-    symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}"
-    return symbol, _kernel(wtype, n, k, bn).with_attr("global_symbol", symbol)
+    symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}" + ("" if split else "_f16")
+    return symbol, _kernel(wtype, n, k, bn, split).with_attr("global_symbol", symbol)
 
 
 @T.macro
@@ -50,14 +53,15 @@ def _load_x(x, xv, M, bm, kt, t):
 
 
 @T.macro
-def _store_x(xv, a_hi, a_lo, t, LDA):
-    """The registers of _load_x into shared memory as f16 halves hi and lo."""
+def _store_x(xv, a_hi, a_lo, t, LDA, split):
+    """The registers of _load_x into shared memory as f16 halves hi and lo (hi alone without `split`)."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
         at: T.let = e // (BK // 4) * LDA + e % (BK // 4) * 4
         for v in T.serial(4):
             a_hi[at + v] = T.Cast("float16", xv[s * 4 + v])
-            a_lo[at + v] = T.Cast("float16", xv[s * 4 + v] - T.Cast("float32", T.Cast("float16", xv[s * 4 + v])))
+            if split:
+                a_lo[at + v] = T.Cast("float16", xv[s * 4 + v] - T.Cast("float32", T.Cast("float16", xv[s * 4 + v])))
 
 
 @T.macro
@@ -90,19 +94,21 @@ def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt):
 
 
 @T.macro
-def _split_store(b_hi, b_lo, wv, hv, lv, at):
-    """Eight dequantized weights (wv, f32) into b_hi / b_lo at `at` as f16 halves."""
+def _split_store(b_hi, b_lo, wv, hv, lv, at, split):
+    """Eight dequantized weights (wv, f32) into b_hi / b_lo at `at` as f16 halves (hi alone without `split`)."""
     for r in T.serial(R):
         hv[r] = T.Cast("float16", wv[r])
-        lv[r] = T.Cast("float16", wv[r] - T.Cast("float32", hv[r]))
+        if split:
+            lv[r] = T.Cast("float16", wv[r] - T.Cast("float32", hv[r]))
     for r in T.vectorized(R):
         b_hi[at + r] = hv[r]
-    for r in T.vectorized(R):
-        b_lo[at + r] = lv[r]
+    if split:
+        for r in T.vectorized(R):
+            b_lo[at + r] = lv[r]
 
 
 @T.macro
-def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt):
+def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split):
     """The registers of _load_w into shared memory as b[k, n] (n contiguous); dequantized weights are
     split into f16 halves hi and lo."""
     if fmt == "f16":
@@ -115,7 +121,7 @@ def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt):
             e: T.let = s * NT + t
             for r in T.serial(R):
                 wv[r] = T.Cast("float32", dv[s * R + r]) * T.Cast("float32", qv[s * R + r])
-            _split_store(b_hi, b_lo, wv, hv, lv, e % BK * LDB + e // BK * R)
+            _split_store(b_hi, b_lo, wv, hv, lv, e % BK * LDB + e // BK * R, split)
     else:
         for s in T.unroll(BN // R * (BK // 2) // NT):
             e: T.let = s * NT + t
@@ -127,11 +133,11 @@ def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt):
                         wv[r] = T.Cast("float32", dv[s * R + r]) * nib + T.Cast("float32", mv[s * R + r])
                     else:
                         wv[r] = T.Cast("float32", dv[s * R + r]) * (nib - T.float32(8))
-                _split_store(b_hi, b_lo, wv, hv, lv, (e % (BK // 2) + half * 16) * LDB + e // (BK // 2) * R)
+                _split_store(b_hi, b_lo, wv, hv, lv, (e % (BK // 2) + half * 16) * LDB + e // (BK // 2) * R, split)
 
 
 @T.macro
-def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
+def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split):
     """LDA, LDB: shared row lengths of x's and W's tiles; WN: a warp's columns; FM x FN: its fragments."""
     for bn in T.thread_binding(N // BN, thread="blockIdx.x"):
         for bm in T.thread_binding((M + BM - 1) // BM, thread="blockIdx.y"):
@@ -163,8 +169,8 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                         T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
                 _load_x(x, xv, M, bm, 0, t)
                 _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt)
-                _store_x(xv, a_hi, a_lo, t, LDA)
-                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt)
+                _store_x(xv, a_hi, a_lo, t, LDA, split)
+                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
                 for kt in T.serial(K // BK):
                     T.tvm_storage_sync("shared")
                     # the next tile's loads are issued before this tile's products (the last tile loads
@@ -178,17 +184,18 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                                 fa.data, 16, 16, 16, i,
                                 T.tvm_access_ptr(T.type_annotation("float16"), a_hi.data, a_at, 16 * LDA, 1),
                                 LDA, "row_major"))
-                            T.evaluate(T.tvm_load_matrix_sync(
-                                fl.data, 16, 16, 16, i,
-                                T.tvm_access_ptr(T.type_annotation("float16"), a_lo.data, a_at, 16 * LDA, 1),
-                                LDA, "row_major"))
+                            if split:
+                                T.evaluate(T.tvm_load_matrix_sync(
+                                    fl.data, 16, 16, 16, i,
+                                    T.tvm_access_ptr(T.type_annotation("float16"), a_lo.data, a_at, 16 * LDA, 1),
+                                    LDA, "row_major"))
                         for j in T.serial(FN):
                             b_at: T.let = ks * 16 * LDB + wn * WN + j * 16
                             T.evaluate(T.tvm_load_matrix_sync(
                                 fb.data, 16, 16, 16, j,
                                 T.tvm_access_ptr(T.type_annotation("float16"), b_hi.data, b_at, 16 * LDB, 1),
                                 LDB, "row_major"))
-                            if fmt != "f16":
+                            if split and fmt != "f16":
                                 T.evaluate(T.tvm_load_matrix_sync(
                                     fbl.data, 16, 16, 16, j,
                                     T.tvm_access_ptr(T.type_annotation("float16"), b_lo.data, b_at, 16 * LDB, 1),
@@ -197,12 +204,13 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                             for j in T.serial(FN):
                                 f: T.let = i * FN + j
                                 T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fb.data, j, acc.data, f))
-                                T.evaluate(T.tvm_mma_sync(acc.data, f, fl.data, i, fb.data, j, acc.data, f))
-                                if fmt != "f16":
+                                if split:
+                                    T.evaluate(T.tvm_mma_sync(acc.data, f, fl.data, i, fb.data, j, acc.data, f))
+                                if split and fmt != "f16":
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
-                    _store_x(xv, a_hi, a_lo, t, LDA)
-                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt)
+                    _store_x(xv, a_hi, a_lo, t, LDA, split)
+                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_store_matrix_sync(
@@ -216,7 +224,7 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype):
                                 y[row, bn * BN + wn * WN + j * 16 + e % 16] = c_s[warp * 256 + e]
 
 
-def _kernel(wtype: str, N: int, K: int, BN: int) -> tvm.tirx.PrimFunc:
+def _kernel(wtype: str, N: int, K: int, BN: int, split: bool) -> tvm.tirx.PrimFunc:
     """One signature for every format: x, the quants (or f16 weights) q, scales d, minimums mn, y;
     formats without scales (f16) or minimums (all but Q4_1) drop those parameters."""
     G, NB = N // R, K // QUANT_BLOCK
@@ -231,6 +239,6 @@ def _kernel(wtype: str, N: int, K: int, BN: int) -> tvm.tirx.PrimFunc:
         M = T.int64()
         x = T.match_buffer(x_h, (M, K), "float32")
         y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, q, d, mn, y, M, N, K, *tile, wtype, qdtype)
+        _body(x, q, d, mn, y, M, N, K, *tile, wtype, qdtype, split)
 
     return without_params(f, {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"}))

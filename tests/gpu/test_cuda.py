@@ -64,15 +64,54 @@ def test_block_kind_on_cuda(kind, cache_dir):
             assert np.array_equal(pages[slot, 1, :, past % kind.page_size], got[2][0, 0])
 
 
+FAST_TOL = 3e-2
+"""int8 activations (the fast family): error relative to the largest output, as the CPU fast kernels'
+tests allow (tests/lowering/test_cpu_kernels.py)."""
+
+
+@pytest.mark.parametrize("kind", [k for k in gpu_test_kinds() if k.decode and k.linears[0].wtype.startswith("q")],
+                         ids=lambda k: f"{k.kind}-{k.linears[0].wtype}-{k.config.hidden}")
+def test_fast_decode_kinds_on_cuda(kind, cache_dir):
+    """The fast family's decode kinds (int8 activations, dp4a) against the numpy reference, and against the
+    exact family's kernels on the same inputs: close, but not the same numbers (the int8 path ran)."""
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.runtime.devices.cuda import cuda_arch
+    from jitllm.runtime.program import load_program
+
+    dev = tvm.cuda(0)
+    fast, exact = (load_program(get_artifact(kind, CudaTarget(cuda_arch(0), k), cache_dir).path, dev,
+                                kind.kind == "llama") for k in ("fast", "exact"))
+    rng = np.random.default_rng(7)
+    weights = random_weights(kind, rng)
+    up = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), dev)  # noqa: E731
+    if kind.kind == "head":
+        x = rng.standard_normal((1, 1, kind.config.hidden)).astype(np.float32)
+        args = lambda: [up(x), *[up(weights[n]) for n, _, _ in weight_inputs(kind)]]  # noqa: E731
+        got, base, ref = fast.main(*args()).numpy(), exact.main(*args()).numpy(), head_forward(kind, weights, x)
+        scale = np.abs(ref).max()
+    else:
+        feeds = {**paged_inputs(kind, rng, 1, 1, [37]), **weights}
+        names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
+        got, base = (program.main(*[up(feeds[n]) for n in names])[0].numpy() for program in (fast, exact))
+        ref = block_forward(kind, weights, **{n: feeds[n] for n, _, _ in activation_inputs(kind)})[0]
+        scale = np.abs(ref - feeds["x"]).max()  # the block's own contribution, beside the residual
+    assert np.abs(got - ref).max() < FAST_TOL * scale
+    assert 0 < np.abs(got - base).max() < FAST_TOL * scale
+
+
 def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
     from jitllm.model import load
 
     prompt = list(range(4, 30))
     host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(prompt, 24)
-    on_gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    on_gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact",
+                  gpu_kernels="exact")
     assert all(u.device.name == "cuda:0" for u in on_gpu.executor.blocks)
+    assert on_gpu.devices["cuda:0"].target.kernels == "exact"
     assert on_gpu.generate_ids(prompt, 24) == host
-    split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir,
+                 cpu_kernels="exact", gpu_kernels="exact")
     assert split.generate_ids(prompt, 24) == host
     split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
     assert split.generate_ids(prompt, 24) == host
@@ -94,6 +133,7 @@ def test_captured_steps_carry_their_inputs_and_logits(tiny_model, cache_dir):
         a, b = graphs.forward(a_session, [token]), eager.forward(b_session, [token])
         assert np.abs(a - b).max() < 1e-5
     assert len(graphs._graphs) == 1
+    assert graphs.head.device.target.kernels == "fast"  # the default family: int8 matvecs in the graph
     assert a_session.step_inputs["cuda:0"].staging.transfers is graphs.head.device.graphs
 
 
@@ -103,7 +143,7 @@ def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
 
     prompt = list(range(4, 30))
     host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(prompt, 16)
-    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact")
     out = []
     for i, token in enumerate(model.generate_tokens(prompt, 16, SamplingParams(0.0))):
         out.append(token)

@@ -31,3 +31,40 @@ def test_tensor_core_kernel_keeps_symbolic_rows():
     x, *parts, y = func.params
     assert str(x.shape[0]) == str(y.shape[0]) == "M" and [int(d) for d in y.shape[1:]] == [256]
     assert len(parts) == 3  # quants, scales, minimums
+
+
+def test_fast_family_takes_int8_matvecs_for_quantized_decode_and_f16_tensor_core_products():
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+
+    fast, exact = CudaTarget("sm_90", "fast"), CudaTarget("sm_90", "exact")
+    for wtype in ("q8_0", "q4_0", "q4_1"):
+        assert fast.linear_kernel(wtype, 128, 64, rows=1)[0].startswith(f"jl_gpu_gemv8_{wtype}_128x64")
+        assert exact.linear_kernel(wtype, 128, 64, rows=1)[0].startswith(f"jl_gpu_gemv_{wtype}_128x64")
+        for family in (NORM_LINEAR, LINEAR_ADD, SWIGLU_LINEAR_ADD):
+            assert fast.folded_linear_kernel(family, wtype, 128, 64, 1e-5)[0].startswith("jl_gpu_gemv8_")
+            assert exact.folded_linear_kernel(family, wtype, 128, 64, 1e-5)[0].startswith("jl_gpu_gemv_")
+        # prefill: the same tensor-core kernel, f16 operands alone instead of hi + lo halves
+        assert fast.linear_kernel(wtype, 128, 64)[0] == exact.linear_kernel(wtype, 128, 64)[0] + "_f16"
+    for wtype in ("f32", "f16"):  # float weights keep f32 activations in both families
+        assert fast.linear_kernel(wtype, 128, 64, rows=1)[0] == exact.linear_kernel(wtype, 128, 64, rows=1)[0]
+    assert CudaTarget("sm_52", "fast").linear_kernel("q4_0", 128, 64, rows=1)[0].startswith("jl_gpu_gemv_")  # no dp4a
+    assert fast.cache_key() != exact.cache_key() and fast.cache_key()["kernels"] == "fast"
+    assert CudaTarget("sm_90").kernels == "exact"
+
+
+def test_int8_matvec_shares_the_quantized_input_over_row_groups():
+    from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
+
+    assert [groups_per_block(g) for g in (2048, 640, 384, 72, 16032)] == [4, 2, 1, 1, 4]
+    symbol, func = int8_gemv_kernel("q4_1", 16384, 3072)
+    assert "_g4" in symbol and [p.name for p in func.params] == ["x", "qs", "d", "mn", "y"]
+    _, func = int8_gemv_kernel("q4_0", 3072, 8192, "SwiGLULinearAdd")
+    assert [p.name for p in func.params] == ["x", "qs", "d", "res", "y"]
+    assert [int(d) for d in func.params[0].shape] == [1, 16384]  # gate then up
+    with pytest.raises(ValueError, match="int8-activation"):
+        int8_gemv_kernel("f16", 128, 64)
+
+
+def test_unknown_gpu_kernels_is_a_clear_error():
+    with pytest.raises(JitllmError, match="unknown GPU kernels 'turbo'"):
+        CudaTarget("sm_90", "turbo")

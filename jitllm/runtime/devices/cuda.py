@@ -20,7 +20,8 @@ def cuda_arch(ordinal: int) -> str:
     return f"sm_{major}{minor}"
 
 
-def cuda_device(choice) -> Device:
+def cuda_device(choice, kernels: str = "fast") -> Device:
+    """`kernels`: the CUDA kernel family (jitllm.lowering.cuda.CudaTarget)."""
     from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
 
     ensure_cuda_runtime(allow_stub=False)
@@ -28,7 +29,7 @@ def cuda_device(choice) -> Device:
     dev = tvm.cuda(ordinal)
     if not dev.exist:
         raise JitllmError(f"{choice.name}: no such CUDA device")
-    device = Device(choice.name, CudaTarget(cuda_arch(ordinal)), dev, choice.budget_bytes)
+    device = Device(choice.name, CudaTarget(cuda_arch(ordinal), kernels), dev, choice.budget_bytes)
     if os.environ.get("JITLLM_PINNED_HOST", "1") != "0":
         from jitllm.runtime.devices.pinned import pinned_pool
 

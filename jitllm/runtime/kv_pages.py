@@ -60,7 +60,9 @@ class PagePool:
             if want - self.num_pages < count - len(self._free):
                 raise JitllmError(f"{self.device.name}: out of KV pages ({count} wanted, {len(self._free)} free)")
             self._grow_to(want)
-        return [self._free.pop() for _ in range(count)]
+        taken = self._free[len(self._free) - count:]  # the stack's top, popped in one slice
+        del self._free[len(self._free) - count:]
+        return taken[::-1]
 
     def free(self, ids: list[int]) -> None:
         self._free.extend(reversed(ids))

@@ -126,14 +126,14 @@ class _PhaseClock:
 
 
 def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, int]]:
-    """(first old page id, first new page id, count) of each run where both sides' ids are consecutive."""
-    runs: list[tuple[int, int, int]] = []
-    for old, new in zip(old_ids, new_ids):
-        if runs and runs[-1][0] + runs[-1][2] == old and runs[-1][1] + runs[-1][2] == new:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((old, new, 1))
-    return runs
+    """(first old page id, first new page id, count) of each run where both sides' ids are consecutive
+    (numpy: a 16k-token history is 1,024 pages per block, ~0.2 ms as a Python loop)."""
+    old, new = np.asarray(old_ids, np.int64), np.asarray(new_ids, np.int64)
+    if not len(old):
+        return []
+    starts = np.flatnonzero(np.r_[True, (np.diff(old) != 1) | (np.diff(new) != 1)])
+    counts = np.diff(np.r_[starts, len(old)])
+    return list(zip(old[starts].tolist(), new[starts].tolist(), counts.tolist()))
 
 
 DIRECT_RUNS = 32

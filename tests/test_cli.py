@@ -57,6 +57,8 @@ def test_compile_reports_compiled_then_cached(tiny_model, tmp_path):
     assert first.returncode == 0 and kinds and kinds.group(1) == kinds.group(2), first.stdout
     assert second.returncode == 0 and f"0 compiled, {kinds.group(1)} already cached" in second.stdout
     assert not (tmp_path / "unused").exists()
+    run = jitllm("run", "-n", "2", "-devices", "cpu", str(tiny_model), "x", cache=tmp_path)  # default kernels
+    assert run.returncode == 0 and "compiled" not in run.stderr, run.stderr  # all of them compiled ahead
 
 
 def test_run_compiles_missing_artifacts_and_says_so(tiny_model, tmp_path):

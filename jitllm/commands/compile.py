@@ -16,11 +16,13 @@ from jitllm.commands.common import opt
      help="weight type of -preset")
 @opt("target", "target_name", type=click.Choice(["llvm", "cuda"]), default="llvm", show_default=True)
 @opt("arch", default=None, help="GPU architecture for cuda (default sm_90)")
+@opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
+     help="llvm kernel family, as `run -cpu-kernels` picks")
 @opt("gpu-kernels", "gpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
-     help="cuda decode matvecs over quantized weights: int8 activations (fast) or f32 (exact), as `run` picks")
+     help="cuda kernel family, as `run -gpu-kernels` picks")
 @opt("cache", "cache_dir", default=None, help="cache directory (default ./cache or $JITLLM_CACHE_DIR)")
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
-                    gpu_kernels: str, cache_dir: str | None) -> None:
+                    cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
     from jitllm.ir.llama import fused_kind
     from jitllm.jlm import JlmFile
@@ -36,7 +38,7 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
         layout = preset_layout(preset, wtype)
     else:
         layout = ModelLayout.from_file(JlmFile(model))
-    target = get_target(target_name, arch, gpu_kernels)
+    target = get_target(target_name, arch, cpu_kernels if target_name == "llvm" else gpu_kernels)
     as_compiled = fused_kind if getattr(target, "fuse_linears", False) else (lambda kind: kind)
     kinds = list(dict.fromkeys(as_compiled(k) for k in [*layout.block_kinds, layout.head]))
     if getattr(target, "decode_variants", False):

@@ -84,13 +84,20 @@ def _valid(path: Path) -> bool:
         return False
 
 
+def _family_flag(target) -> str:
+    """The compile flag naming the target's kernel family where it is not compile's default."""
+    kernels = getattr(target, "kernels", "fast")
+    return "" if kernels == "fast" else f" -{'cpu' if target.name == 'llvm' else 'gpu'}-kernels {kernels}"
+
+
 def _build(kind: BlockKind, target, dest: Path) -> None:
     try:
         from jitllm.lowering.onnx_import import to_relax
     except Exception:  # ImportError, or TVM failing half-way through importing relax without its compiler
         raise JitllmError(
             f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
-            f"(runtime-only); run `jitllm compile -target {target.name} MODEL` where TVM is complete") from None
+            f"(runtime-only); run `jitllm compile -target {target.name}{_family_flag(target)} MODEL` where TVM is "
+            "complete") from None
     executable = target.build(to_relax(kind, build_block_graph(kind), target))
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".so", dir=dest.parent)

@@ -53,3 +53,13 @@ def test_bad_policy(monkeypatch):
     monkeypatch.setenv("JITLLM_CACHE", "sometimes")
     with pytest.raises(JitllmError, match="JITLLM_CACHE"):
         cache_policy()
+
+
+def test_missing_artifact_error_names_the_compile_flags_of_the_kernel_family():
+    from jitllm.lowering.cache import _family_flag
+    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.lowering.llvm import LlvmTarget
+
+    assert _family_flag(LlvmTarget("fast")) == "" and _family_flag(CudaTarget("sm_90", "fast")) == ""
+    assert _family_flag(LlvmTarget("exact")) == " -cpu-kernels exact"
+    assert _family_flag(CudaTarget("sm_90", "exact")) == " -gpu-kernels exact"

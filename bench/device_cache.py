@@ -1,7 +1,8 @@
 """Fill a cache folder with exactly what a GPU-machine session needs, and nothing else (at most 64 MiB
-travels there): the CUDA kinds of tests/gpu, the llvm kinds its host-side comparisons load (exact
-kernels, TVM_NUM_THREADS as on that machine), the CUDA kinds of the benchmark shapes, and both the
-llvm and CUDA kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
+travels there): the CUDA kinds of tests/gpu in both kernel families, the llvm kinds its host-side
+comparisons load (exact kernels, TVM_NUM_THREADS as on that machine), the CUDA kinds of the benchmark
+shapes (fast family; quantized ones in the exact family too, for `gpu_decode.py -gpu-kernels exact`),
+and both the llvm and CUDA kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
 
     TVM_NUM_THREADS=2 python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
 

@@ -4,7 +4,9 @@ One query token has too little work for one thread block per head (DESIGN.md §3
 77 of 164 µs per block). Here the history is cut into `CHUNKS` equal chunks per KV head; one thread
 block per (KV head, chunk) runs an online softmax over its chunk for all the query heads of its group,
 tile by tile through shared memory, and writes its partial state (accumulator, max, denominator) to a
-workspace; a second kernel merges the chunks of each head. The grid never depends on the history
+workspace; a second kernel merges the chunks of each head. Chunks start at 32 positions each, so at
+short histories most chunks are past the history: their blocks stop after the append, and the merge
+reads only the chunks that hold positions. The grid never depends on the history
 length (it is read from `past` on the device), so the launch can live in a CUDA graph.
 
 The partial kernel also appends the step's K and V to the pages (the chunk-0 block of each KV head
@@ -91,81 +93,84 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                             slot: T.let = pt[0, n // P]
                             pages[slot, 0, kv, n % P, e] = k[0, 0, kv, e]
                             pages[slot, 1, kv, n % P, e] = v[0, 0, kv, e]
-                for i in T.unroll(QLOAD):
-                    e: T.let = i * NT + tx
-                    if e < G * D:
-                        q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(scale)
-                run[0] = T.float32(NEG)
-                run[1] = T.float32(0)
-                for i in T.unroll(ACC):
-                    acc[i] = T.float32(0)
-                T.tvm_storage_sync("shared")
-                for tile in T.serial(T.max(end - start + TILE - 1, 0) // TILE):
-                    base: T.let = start + tile * TILE
-                    for i in T.unroll(KLOAD):
-                        # Loads from always-valid addresses (position clamped into the history), selected
-                        # afterwards: no branch between them, so a thread's loads are all in flight at once.
+                # chunks past the history (most of them at short histories: 64 per KV head, 32 positions
+                # at least each) do nothing more; the merge reads only the chunks below `used`
+                if chunk < (total + per - 1) // per:
+                    for i in T.unroll(QLOAD):
                         e: T.let = i * NT + tx
-                        r: T.let = e // D
-                        col: T.let = e % D
-                        t: T.let = base + r
-                        tc: T.let = T.max(T.min(t, n - 1), 0)
-                        page: T.let = pt[0, tc // P]
-                        k_old: T.let = pages[page, 0, kv, tc % P, col]
-                        v_old: T.let = pages[page, 1, kv, tc % P, col]
-                        k_new: T.let = k[0, 0, kv, col]
-                        v_new: T.let = v[0, 0, kv, col]
-                        # rows past `end` are zeros, not stale shared memory (0 * NaN)
-                        k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
-                        v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
+                        if e < G * D:
+                            q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(scale)
+                    run[0] = T.float32(NEG)
+                    run[1] = T.float32(0)
+                    for i in T.unroll(ACC):
+                        acc[i] = T.float32(0)
                     T.tvm_storage_sync("shared")
-                    for i in T.unroll(SCORES):
-                        # item e: part e // PAIRS of the dot product of pair e % PAIRS; a warp's lanes take
-                        # consecutive positions of one part, so their K rows fall in different banks
-                        e: T.let = i * NT + tx
-                        if e < PAIRS * SPLIT:
-                            part: T.let = e // PAIRS
-                            g: T.let = e % PAIRS // TILE
-                            r: T.let = e % TILE
-                            tmp[0] = T.float32(0)
-                            for dd in T.unroll(DS):
-                                tmp[0] = tmp[0] + q_sh[g, part * DS + dd] * k_sh[r * (D + 1) + part * DS + dd]
-                            sc4[e] = tmp[0]
-                    T.tvm_storage_sync("shared")
-                    for i in T.unroll(SUMS):
-                        e: T.let = i * NT + tx
-                        if e < PAIRS:
-                            tmp[0] = T.float32(0)
-                            for part in T.unroll(SPLIT):
-                                tmp[0] = tmp[0] + sc4[part * PAIRS + e]
-                            sc[e // TILE, e % TILE] = T.if_then_else(base + e % TILE < end, tmp[0], T.float32(NEG))
-                    T.tvm_storage_sync("shared")
-                    if tx < G:
-                        tmp[0] = run[0]
-                        for r in T.unroll(TILE):
-                            tmp[0] = T.max(tmp[0], sc[tx, r])
-                        tmp[1] = T.float32(0)
-                        for r in T.unroll(TILE):
-                            pr[tx, r] = T.exp(sc[tx, r] - tmp[0])
-                            tmp[1] = tmp[1] + T.exp(sc[tx, r] - tmp[0])
-                        resc[tx] = T.exp(run[0] - tmp[0])
-                        run[1] = run[1] * T.exp(run[0] - tmp[0]) + tmp[1]
-                        run[0] = tmp[0]
-                    T.tvm_storage_sync("shared")
+                    for tile in T.serial(T.max(end - start + TILE - 1, 0) // TILE):
+                        base: T.let = start + tile * TILE
+                        for i in T.unroll(KLOAD):
+                            # Loads from always-valid addresses (position clamped into the history), selected
+                            # afterwards: no branch between them, so a thread's loads are all in flight at once.
+                            e: T.let = i * NT + tx
+                            r: T.let = e // D
+                            col: T.let = e % D
+                            t: T.let = base + r
+                            tc: T.let = T.max(T.min(t, n - 1), 0)
+                            page: T.let = pt[0, tc // P]
+                            k_old: T.let = pages[page, 0, kv, tc % P, col]
+                            v_old: T.let = pages[page, 1, kv, tc % P, col]
+                            k_new: T.let = k[0, 0, kv, col]
+                            v_new: T.let = v[0, 0, kv, col]
+                            # rows past `end` are zeros, not stale shared memory (0 * NaN)
+                            k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
+                            v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
+                        T.tvm_storage_sync("shared")
+                        for i in T.unroll(SCORES):
+                            # item e: part e // PAIRS of the dot product of pair e % PAIRS; a warp's lanes take
+                            # consecutive positions of one part, so their K rows fall in different banks
+                            e: T.let = i * NT + tx
+                            if e < PAIRS * SPLIT:
+                                part: T.let = e // PAIRS
+                                g: T.let = e % PAIRS // TILE
+                                r: T.let = e % TILE
+                                tmp[0] = T.float32(0)
+                                for dd in T.unroll(DS):
+                                    tmp[0] = tmp[0] + q_sh[g, part * DS + dd] * k_sh[r * (D + 1) + part * DS + dd]
+                                sc4[e] = tmp[0]
+                        T.tvm_storage_sync("shared")
+                        for i in T.unroll(SUMS):
+                            e: T.let = i * NT + tx
+                            if e < PAIRS:
+                                tmp[0] = T.float32(0)
+                                for part in T.unroll(SPLIT):
+                                    tmp[0] = tmp[0] + sc4[part * PAIRS + e]
+                                sc[e // TILE, e % TILE] = T.if_then_else(base + e % TILE < end, tmp[0], T.float32(NEG))
+                        T.tvm_storage_sync("shared")
+                        if tx < G:
+                            tmp[0] = run[0]
+                            for r in T.unroll(TILE):
+                                tmp[0] = T.max(tmp[0], sc[tx, r])
+                            tmp[1] = T.float32(0)
+                            for r in T.unroll(TILE):
+                                pr[tx, r] = T.exp(sc[tx, r] - tmp[0])
+                                tmp[1] = tmp[1] + T.exp(sc[tx, r] - tmp[0])
+                            resc[tx] = T.exp(run[0] - tmp[0])
+                            run[1] = run[1] * T.exp(run[0] - tmp[0]) + tmp[1]
+                            run[0] = tmp[0]
+                        T.tvm_storage_sync("shared")
+                        for i in T.unroll(ACC):
+                            e: T.let = i * NT + tx
+                            if e < G * D:
+                                acc[i] = acc[i] * resc[e // D]
+                                for r in T.unroll(TILE):
+                                    acc[i] = acc[i] + pr[e // D, r] * v_sh[r, e % D]
+                        T.tvm_storage_sync("shared")
                     for i in T.unroll(ACC):
                         e: T.let = i * NT + tx
                         if e < G * D:
-                            acc[i] = acc[i] * resc[e // D]
-                            for r in T.unroll(TILE):
-                                acc[i] = acc[i] + pr[e // D, r] * v_sh[r, e % D]
-                    T.tvm_storage_sync("shared")
-                for i in T.unroll(ACC):
-                    e: T.let = i * NT + tx
-                    if e < G * D:
-                        ws[kv, chunk, e // D, e % D] = acc[i]
-                if tx < G:
-                    ws[kv, chunk, tx, D] = run[0]
-                    ws[kv, chunk, tx, D + 1] = run[1]
+                            ws[kv, chunk, e // D, e % D] = acc[i]
+                    if tx < G:
+                        ws[kv, chunk, tx, D] = run[0]
+                        ws[kv, chunk, tx, D + 1] = run[1]
 
     return symbol, f.with_attr("global_symbol", symbol)
 
@@ -188,21 +193,17 @@ def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 total: T.let = past[0] + 1
                 per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
                 used: T.let = (total + per - 1) // per  # the chunks the partial kernel filled
-                # Every chunk's slot is read (the workspace holds them all; unused ones are stale) and
-                # the unused masked after the load: no branch between loads, so they overlap.
+                # Only those are read (the rest of the workspace is stale): at short histories a few of
+                # the 64 (tg128 from a 1-token prompt: at most 5)
                 st[0] = T.float32(NEG)
-                for ch in T.unroll(CHUNKS):
-                    m: T.let = ws[kv, ch, g, D]
-                    st[0] = T.max(st[0], T.Select(ch < used, m, T.float32(NEG)))
+                for ch in T.serial(used):
+                    st[0] = T.max(st[0], ws[kv, ch, g, D])
                 st[1] = T.float32(0)
                 st[2] = T.float32(0)
-                for ch in T.unroll(CHUNKS):
-                    m: T.let = ws[kv, ch, g, D]
-                    a: T.let = ws[kv, ch, g, tx]
-                    d: T.let = ws[kv, ch, g, D + 1]
-                    w: T.let = T.exp(T.Select(ch < used, m, T.float32(NEG)) - st[0])
-                    st[1] = st[1] + T.Select(ch < used, w * a, T.float32(0))
-                    st[2] = st[2] + T.Select(ch < used, w * d, T.float32(0))
+                for ch in T.serial(used):
+                    w: T.let = T.exp(ws[kv, ch, g, D] - st[0])
+                    st[1] = st[1] + w * ws[kv, ch, g, tx]
+                    st[2] = st[2] + w * ws[kv, ch, g, D + 1]
                 out[0, 0, h, tx] = st[1] / st[2]
 
     return symbol, f.with_attr("global_symbol", symbol)

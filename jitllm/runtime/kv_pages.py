@@ -38,7 +38,11 @@ class PagePool:
         """Reallocate the pool with more pages, keeping every page's content and id."""
         extra = num_pages - self.num_pages
         self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages", kv=True)
-        grown = self.device.empty((num_pages, *self._page_shape), "float32")
+        try:
+            grown = self.device.empty((num_pages, *self._page_shape), "float32")
+        except BaseException:
+            self.device.release(extra * self.page_bytes, kv=True)
+            raise
         if self.num_pages:
             data = np.zeros((num_pages, *self._page_shape), np.float32)
             data[: self.num_pages] = self.pages.numpy()

@@ -14,6 +14,7 @@ where it was with its KV intact. Nothing is recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -83,6 +84,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         dest.synchronize()  # stream, whichever side the GPU is
         clock.mark("sync")
     except BaseException:
+        with contextlib.suppress(Exception):  # copies into the destination may still be in flight
+            dest.synchronize()
         for table in new_tables.values():
             table.release()
         for state in new_states.values():

@@ -102,3 +102,20 @@ def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir,
     assert len(checked) == 3 * blocks
     ex.reset_session(session)
     assert session.kv_room == 0
+
+
+def test_a_pool_growth_that_fails_to_allocate_charges_nothing(monkeypatch):
+    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.kv_pages import PagePool
+
+    dev = simulated_device("sim")
+    pool = PagePool(dev, 4, 2, 16, 8)
+    charged = dev.kv_bytes
+
+    def no_memory(shape, dtype):
+        raise JitllmError("sim: out of memory (injected)")
+
+    monkeypatch.setattr(dev, "empty", no_memory)
+    with pytest.raises(JitllmError, match="injected"):
+        pool.allocate(10)
+    assert dev.kv_bytes == charged and pool.num_pages == 4 and pool.free_pages == 4

@@ -252,3 +252,35 @@ def test_relocation_growth_and_seam_tuning_with_captured_steps(tiny_model, cache
     tuning.tuner = SeamTuner("sim:0", [0, 1], tokens_per_trial=2)
     assert tuning.generate_ids(PROMPT, N) == baseline
     assert tuning.tuner.done
+
+
+def test_failure_after_the_copies_waits_for_them_before_giving_memory_back(tiny_model, cache_dir, baseline,
+                                                                            monkeypatch):
+    """A move failing once its copies are issued (asynchronous with page-locked memory on a GPU) waits for
+    the destination before its pages and weights buffer go back to be reused; the block keeps running."""
+    import jitllm.runtime.migration as migration
+
+    model = _load(tiny_model, cache_dir)
+    ex = model.executor
+    session = ex.new_session()
+    logits = ex.forward(session, list(PROMPT))
+    sim = model.devices["sim:0"]
+    events = []
+    copy_pages = migration._copy_pages
+
+    def copy_then_fail(*args):
+        copy_pages(*args)
+        events.append("copied")
+        raise JitllmError("sim:0: copy failed (injected fault)")
+
+    monkeypatch.setattr(migration, "_copy_pages", copy_then_fail)
+    monkeypatch.setattr(sim, "synchronize", lambda: events.append("sync"))
+    with pytest.raises(JitllmError, match="injected"):
+        model.move("0", "sim:0")
+    assert events == ["copied", "sync"] and ex.blocks[0].device.name == "host" and sim.used_bytes == 0
+    greedy = []
+    for _ in range(N):
+        token = int(np.argmax(logits))
+        greedy.append(token)
+        logits = ex.forward(session, [token])
+    assert greedy == baseline

@@ -92,6 +92,9 @@ class Executor:
         self.graphs = True
         """Decode steps of devices that can capture them run as graphs (step_graphs.py)."""
         self._graphs: dict[tuple[int, int | str], GraphRecord] = {}
+        self._epoch = 0
+        """Bumped whenever pages are handed out (a pool may have grown) or captured steps are dropped
+        (moves, resets): a record checked at the current epoch replays without its signature rebuilt."""
         self.relocate: Callable[[Device, Exception], None] | None = None
         """Called when a device cannot grow the context; moves a block off it (or raises)."""
 
@@ -156,6 +159,7 @@ class Executor:
     def _pages_for(self, session: Session, unit: Unit, positions: int) -> PageTable:
         """The unit's page table holding `positions` positions. When a device has no room for more
         pages, `relocate` (if set) moves a block off that device, KV and all, and we try again."""
+        self._epoch += 1
         while True:
             table = session.tables.get(unit.index)
             if table is None:
@@ -280,15 +284,17 @@ class Executor:
         """One decode step of the segment as a captured graph (captured again when what it baked changed):
         its hidden state out, or the logits row where it ends with the head."""
         step = self._step_inputs(session, segment, x, past)
-        objects = segment_objects(session, segment)
         key = (session.id, segment.blocks[0].index if segment.blocks else HEAD)
         record = self._graphs.get(key)
-        if record is None or record.signature != signature(objects, step):
-            record = self._graphs[key] = capture_segment(
-                segment.device.graphs, objects, step, lambda call: self._run_units(session, segment, step, 1, call))
-            if self.log:
-                self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
-                         f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
+        if record is None or record.epoch != self._epoch:  # pages or units may have changed: check what it baked
+            objects = segment_objects(session, segment)  # (also uploads page-table rows added since)
+            if record is None or record.signature != signature(objects, step):
+                record = self._graphs[key] = capture_segment(
+                    segment.device.graphs, objects, step, lambda call: self._run_units(session, segment, step, 1, call))
+                if self.log:
+                    self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
+                             f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
+            record.epoch = self._epoch
         record.graph.replay()
         return step.output(segment, record.output)
 
@@ -296,6 +302,7 @@ class Executor:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""
         for key in [k for k in self._graphs if session is None or k[0] == session.id]:
             del self._graphs[key]
+        self._epoch += 1
 
     # -- recurrent blocks ------------------------------------------------------------------------
     def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor, n: int) -> tvm.runtime.Tensor:

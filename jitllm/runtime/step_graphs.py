@@ -154,6 +154,8 @@ class GraphRecord:
     keep: list
     """Every object the graph's addresses point into (what the signature names, the calls' arguments and
     results), so no id in the signature can be reused while the record lives."""
+    epoch: int = -1
+    """The executor's epoch when the signature was last found to match (Executor._epoch)."""
 
 
 def segment_objects(session, segment: Segment) -> list:

@@ -120,3 +120,23 @@ def test_a_segment_fed_from_another_device_does_not_upload_the_hidden_state(tiny
     assert first.x_staged and not second.x_staged
     assert first.logits is None and second.logits is not None
     assert model.generate_ids(PROMPT, N) == baseline
+
+
+def test_a_pool_grown_by_another_session_recaptures_the_step(tiny_model, cache_dir, baseline):
+    """Steps within a session's pages replay without rebuilding their signature; pages handed out to any
+    session (here another one, whose prefill grows the shared pool) make the next step check it again."""
+    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    ex = model.executor
+    a = ex.new_session()
+    logits, tokens = ex.forward(a, PROMPT), []
+    for i in range(N):
+        tokens.append(int(logits.argmax()))
+        if i == 6:
+            pages = ex.pools["sim:0"].pages
+            ex.forward(ex.new_session(), list(range(3, 3 + 100)))  # another session: the pool grows
+            assert ex.pools["sim:0"].pages is not pages
+            before = sim0.graphs.captures
+        logits = ex.forward(a, [tokens[-1]])
+        if i == 6:
+            assert sim0.graphs.captures == before + 1  # a's step baked the old pool: captured again
+    assert tokens == baseline  # (a page boundary later, a stale step would have left its K/V in the old pool)

@@ -23,7 +23,7 @@ from jitllm.lowering.cache import get_artifact
 from jitllm.quant import dequantize_rows
 from jitllm.runtime.devices.base import Device, to_device
 from jitllm.runtime.devices.host import HOST as HOST_NAME
-from jitllm.runtime.kv_pages import PagePool, PageTable
+from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.program import Program, load_program
@@ -64,6 +64,13 @@ class Session:
     kv_room: int = 0
     """Positions every page table of the session holds, as of the last check (0: check at the next
     step). Steps within it skip the per-block page bookkeeping; moves and resets set it back to 0."""
+    arenas: dict[str, TableArena] = field(default_factory=dict)
+    """Per device: the tensor its page tables are rows of (one upload when several gained pages)."""
+
+    def arena(self, device: Device) -> TableArena:
+        if device.name not in self.arenas:
+            self.arenas[device.name] = TableArena(device)
+        return self.arenas[device.name]
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +170,7 @@ class Executor:
         while True:
             table = session.tables.get(unit.index)
             if table is None:
-                table = session.tables[unit.index] = PageTable(self.pool(unit.device))
+                table = session.tables[unit.index] = PageTable(self.pool(unit.device), arena=session.arena(unit.device))
             try:
                 table.ensure(positions)
                 return table
@@ -194,6 +201,7 @@ class Executor:
         for table in session.tables.values():
             table.release()
         session.tables.clear()
+        session.arenas.clear()
         release_states(session)
         session.kv_room = 0
         session.length = 0

@@ -77,26 +77,86 @@ class PagePool:
         self.num_pages = 0
 
 
+class TableArena:
+    """The page-table tensors of one session's tables on one device as rows of one tensor, so the tables
+    that gained pages together (every block of a session, every 16 tokens) are uploaded by one copy, not
+    one each (28 small copies every 16 tokens were the largest host cost of a 3B decode step's
+    bookkeeping). Each table's tensor is a view of its row (jitllm.runtime.dlpack.alias); the rows stay
+    where they are until the arena needs more rows or more room, when it is laid out afresh (new
+    tensors: captured steps that baked the old ones are captured again)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.host = np.zeros((0, TABLE_ROOM), np.int32)
+        self._tensor: tvm.runtime.Tensor | None = None
+        self._views: list[tvm.runtime.Tensor] = []
+        self._free: list[int] = []
+        self._used = 0
+        self._dirty = False
+
+    def row(self) -> int:
+        """A row for a new table."""
+        if self._free:
+            return self._free.pop()
+        self._used += 1
+        return self._used - 1
+
+    def release(self, row: int) -> None:
+        self._free.append(row)
+
+    def write(self, row: int, ids: list[int]) -> None:
+        """The table's ids, uploaded with every other row written before the next view is asked for."""
+        rows, room = self.host.shape
+        if row >= rows or len(ids) > room:
+            grown = np.zeros((max(rows, 2 * row + 2 if row >= rows else rows),
+                              max(room, 1 << max(0, len(ids) - 1).bit_length())), np.int32)
+            grown[:rows, :room] = self.host
+            self.host, self._tensor = grown, None
+        self.host[row, : len(ids)] = ids
+        self._dirty = True
+
+    def view(self, row: int) -> tvm.runtime.Tensor:
+        if self._tensor is None:
+            from jitllm.runtime.dlpack import aliases
+
+            rows, room = self.host.shape
+            self._tensor = self.device.empty((rows, room), "int32")
+            self._views = aliases(self._tensor, tuple(((1, room), "int32", r * room * 4) for r in range(rows)))
+            self._dirty = True
+        if self._dirty:
+            self._tensor.copyfrom(self.host)
+            self._dirty = False
+        return self._views[row]
+
+
 @dataclass
 class PageTable:
     """The pages of one (block, session), in position order, and its int32 tensor for the kernels.
 
     The tensor has room for more ids than are in use (the kernels read only the ones the history
     needs) and is rewritten in place when pages are added, so its address stays fixed — captured decode
-    graphs bake it — until the room doubles."""
+    graphs bake it — until the room doubles. With an `arena`, the tensor is a row of the arena's."""
 
     pool: PagePool
     ids: list[int] = field(default_factory=list)
+    arena: TableArena | None = None
     _tensor: tvm.runtime.Tensor | None = None
     _written: int = -1
+    _row: int = -1
 
     def ensure(self, positions: int) -> None:
         """Own enough pages for `positions` positions."""
         need = -(-positions // self.pool.page_size) - len(self.ids)
         if need > 0:
             self.ids += self.pool.allocate(need)
+            if self.arena is not None:
+                if self._row < 0:
+                    self._row = self.arena.row()
+                self.arena.write(self._row, self.ids)
 
     def tensor(self) -> tvm.runtime.Tensor:
+        if self.arena is not None and self._row >= 0:
+            return self.arena.view(self._row)
         if self._written != len(self.ids):
             room = 0 if self._tensor is None else self._tensor.shape[1]
             if self._tensor is None or len(self.ids) > room:
@@ -112,3 +172,6 @@ class PageTable:
         self.pool.free(self.ids)
         self.ids = []
         self._written = -1
+        if self.arena is not None and self._row >= 0:
+            self.arena.release(self._row)
+            self._row = -1

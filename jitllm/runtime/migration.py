@@ -71,7 +71,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
             for session in executor.sessions.values():
                 old = session.tables.get(index)
                 if old is not None and old.ids:
-                    new = new_tables[session.id] = PageTable(pool)
+                    new = new_tables[session.id] = PageTable(pool, arena=session.arena(dest))
                     new.ensure(len(old.ids) * pool.page_size)
             clock.mark("kv pages")
             for session_id, new in new_tables.items():
@@ -100,7 +100,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         for session in executor.sessions.values():
             if index in session.tables and session.id not in new_tables:
                 session.tables[index].release()
-                session.tables[index] = PageTable(executor.pool(dest))
+                session.tables[index] = PageTable(executor.pool(dest), arena=session.arena(dest))
     commit_states(executor.sessions, index, new_states)
     source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program

@@ -119,3 +119,52 @@ def test_a_pool_growth_that_fails_to_allocate_charges_nothing(monkeypatch):
     with pytest.raises(JitllmError, match="injected"):
         pool.allocate(10)
     assert dev.kv_bytes == charged and pool.num_pages == 4 and pool.free_pages == 4
+
+
+def test_a_sessions_page_tables_are_rows_of_one_tensor_uploaded_once():
+    """Tables that gained pages together are uploaded by one copy; each table's tensor is its row, at a
+    fixed address until the arena needs more room (then new tensors, which captured steps notice)."""
+    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
+
+    dev = simulated_device("sim")
+    pool, arena = PagePool(dev, 8, 2, 16, 8), TableArena(dev)
+    tables = [PageTable(pool, arena=arena) for _ in range(3)]
+    for t in tables:
+        t.ensure(20)  # two pages each
+    views = [t.tensor() for t in tables]
+    for t, v in zip(tables, views):
+        assert v.numpy()[0, : len(t.ids)].tolist() == t.ids
+
+    class Counting:
+        def __init__(self, tensor):
+            self.tensor, self.copies = tensor, 0
+
+        def copyfrom(self, source):
+            self.copies += 1
+            return self.tensor.copyfrom(source)
+
+    arena._tensor = counting = Counting(arena._tensor)
+    for t in tables:
+        t.ensure(40)  # a third page each
+    assert all(t.tensor() is v for t, v in zip(tables, views))  # same tensors, same addresses
+    assert counting.copies == 1
+    for t, v in zip(tables, views):
+        assert v.numpy()[0, :3].tolist() == t.ids
+    tables[0].ensure(16 * 70)  # past the room: the arena is laid out afresh
+    assert tables[0].tensor() is not views[0] and tables[0].tensor().numpy()[0, :70].tolist() == tables[0].ids
+    assert tables[1].tensor().numpy()[0, :3].tolist() == tables[1].ids
+    row = tables[2]._row
+    tables[2].release()
+    reused = PageTable(pool, arena=arena)
+    reused.ensure(1)
+    assert reused._row == row and reused.tensor().numpy()[0, 0] == reused.ids[0]
+
+
+def test_a_reset_session_starts_a_new_arena(model):
+    ex = model.executor
+    session = ex.new_session()
+    ex.forward(session, [1, 2, 3])
+    assert session.arenas
+    ex.reset_session(session)
+    assert not session.arenas and not session.tables

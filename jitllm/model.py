@@ -92,6 +92,7 @@ class Model:
                 unit.weights = self.executor.upload_weights(unit.index, host)
                 unit.program, unit.decode_program = self.executor.programs(unit.kind, host)
                 unit.device = host
+        self.executor.drop_graphs()  # (and the segments: every unit is home)
         return sorted(set(moved))
 
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:

@@ -101,7 +101,9 @@ class Executor:
         self._graphs: dict[tuple[int, int | str], GraphRecord] = {}
         self._epoch = 0
         """Bumped whenever pages are handed out (a pool may have grown) or captured steps are dropped
-        (moves, resets): a record checked at the current epoch replays without its signature rebuilt."""
+        (moves, resets): a record checked at the current epoch replays without its signature rebuilt,
+        and the segments found at the current epoch are used again."""
+        self._segments: tuple[int, list[Segment]] = (-1, [])
         self.relocate: Callable[[Device, Exception], None] | None = None
         """Called when a device cannot grow the context; moves a block off it (or raises)."""
 
@@ -222,7 +224,9 @@ class Executor:
                     self._pages_for(session, unit, past + n)
             session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
         x: tvm.runtime.Tensor | np.ndarray = self.embed(ids)[None]
-        for segment in segments(self.blocks, self.head):
+        if self._segments[0] != self._epoch:
+            self._segments = (self._epoch, segments(self.blocks, self.head))
+        for segment in self._segments[1]:
             _check_fault(segment.device)
             try:
                 if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:

@@ -140,3 +140,17 @@ def test_a_pool_grown_by_another_session_recaptures_the_step(tiny_model, cache_d
         if i == 6:
             assert sim0.graphs.captures == before + 1  # a's step baked the old pool: captured again
     assert tokens == baseline  # (a page boundary later, a stale step would have left its K/V in the old pool)
+
+
+def test_segments_are_found_again_after_a_move(tiny_model, cache_dir):
+    model, _ = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    ex = model.executor
+    session = ex.new_session()
+    ex.forward(session, PROMPT)
+    ex.forward(session, [7])
+    (first,) = ex._segments[1]
+    ex.forward(session, [8])
+    assert ex._segments[1][0] is first  # within the session's pages: the same segments
+    model.move("1", "sim:1")
+    ex.forward(session, [9])
+    assert [(s.device.name, [u.index for u in s.blocks]) for s in ex._segments[1]] == [("sim:0", [0]), ("sim:1", [1]), ("sim:0", [])]

@@ -2,6 +2,7 @@
 
 The bookkeeping (free list, page lists) is plain integers; the pool tensor
 [num_pages, 2, kv_heads, page_size, head_dim] lives on the device and is only touched by kernels.
+A session's page-table tensors on one device are rows of one tensor (TableArena), uploaded together.
 """
 
 from __future__ import annotations

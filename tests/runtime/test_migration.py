@@ -73,6 +73,15 @@ def test_move_into_too_small_budget_is_refused(tiny_model, cache_dir):
     assert model.executor.blocks[0].device.name == "host"
 
 
+def _greedy(ex, session, logits) -> list[int]:
+    """N greedy tokens continuing `session` from its last `logits`."""
+    tokens = []
+    for _ in range(N):
+        tokens.append(int(np.argmax(logits)))
+        logits = ex.forward(session, [tokens[-1]])
+    return tokens
+
+
 def test_failure_half_way_leaves_the_block_running_with_its_kv(tiny_model, cache_dir, baseline):
     model = _load(tiny_model, cache_dir)
     ex = model.executor
@@ -96,12 +105,7 @@ def test_failure_half_way_leaves_the_block_running_with_its_kv(tiny_model, cache
         model.move("0-1", "sim:0")
     assert [u.device.name for u in ex.blocks] == ["host", "host"] and sim.used_bytes == 0
     assert any(c.startswith("weights") for c in calls)
-    greedy = []
-    for _ in range(N):
-        token = int(np.argmax(logits))
-        greedy.append(token)
-        logits = ex.forward(session, [token])
-    assert greedy == baseline
+    assert _greedy(ex, session, logits) == baseline
 
 
 def test_device_fault_finishes_on_the_host(tiny_model, cache_dir, baseline):
@@ -278,9 +282,4 @@ def test_failure_after_the_copies_waits_for_them_before_giving_memory_back(tiny_
     with pytest.raises(JitllmError, match="injected"):
         model.move("0", "sim:0")
     assert events == ["copied", "sync"] and ex.blocks[0].device.name == "host" and sim.used_bytes == 0
-    greedy = []
-    for _ in range(N):
-        token = int(np.argmax(logits))
-        greedy.append(token)
-        logits = ex.forward(session, [token])
-    assert greedy == baseline
+    assert _greedy(ex, session, logits) == baseline

@@ -108,9 +108,9 @@ class TableArena:
     def write(self, row: int, ids: list[int]) -> None:
         """The table's ids, uploaded with every other row written before the next view is asked for."""
         rows, room = self.host.shape
-        if row >= rows or len(ids) > room:
-            grown = np.zeros((max(rows, 2 * row + 2 if row >= rows else rows),
-                              max(room, 1 << max(0, len(ids) - 1).bit_length())), np.int32)
+        if row >= rows or len(ids) > room:  # doubling what is short
+            grown = np.zeros((2 * row + 2 if row >= rows else rows,
+                              room if len(ids) <= room else 1 << (len(ids) - 1).bit_length()), np.int32)
             grown[:rows, :room] = self.host
             self.host, self._tensor = grown, None
         self.host[row, : len(ids)] = ids
@@ -132,47 +132,42 @@ class TableArena:
 
 @dataclass
 class PageTable:
-    """The pages of one (block, session), in position order, and its int32 tensor for the kernels.
+    """The pages of one (block, session), in position order, and its int32 tensor for the kernels: a
+    row of `arena` (the session's on the table's device; one of its own when none is given).
 
-    The tensor has room for more ids than are in use (the kernels read only the ones the history
-    needs) and is rewritten in place when pages are added, so its address stays fixed — captured decode
-    graphs bake it — until the room doubles. With an `arena`, the tensor is a row of the arena's."""
+    The row has room for more ids than are in use (the kernels read only the ones the history needs)
+    and is rewritten in place when pages are added, so its address stays fixed — captured decode
+    graphs bake it — until the arena is laid out afresh."""
 
     pool: PagePool
     ids: list[int] = field(default_factory=list)
     arena: TableArena | None = None
-    _tensor: tvm.runtime.Tensor | None = None
-    _written: int = -1
     _row: int = -1
+
+    def __post_init__(self) -> None:
+        if self.arena is None:
+            self.arena = TableArena(self.pool.device)
 
     def ensure(self, positions: int) -> None:
         """Own enough pages for `positions` positions."""
         need = -(-positions // self.pool.page_size) - len(self.ids)
         if need > 0:
             self.ids += self.pool.allocate(need)
-            if self.arena is not None:
-                if self._row < 0:
-                    self._row = self.arena.row()
-                self.arena.write(self._row, self.ids)
+            self.arena.write(self._own_row(), self.ids)
 
     def tensor(self) -> tvm.runtime.Tensor:
-        if self.arena is not None and self._row >= 0:
-            return self.arena.view(self._row)
-        if self._written != len(self.ids):
-            room = 0 if self._tensor is None else self._tensor.shape[1]
-            if self._tensor is None or len(self.ids) > room:
-                room = max(TABLE_ROOM, 1 << (len(self.ids) - 1).bit_length())
-                self._tensor = self.pool.device.empty((1, room), "int32")
-            row = np.zeros((1, room), np.int32)
-            row[0, : len(self.ids)] = self.ids
-            self._tensor.copyfrom(row)
-            self._written = len(self.ids)
-        return self._tensor
+        if self._row < 0:
+            self.arena.write(self._own_row(), self.ids)
+        return self.arena.view(self._row)
+
+    def _own_row(self) -> int:
+        if self._row < 0:
+            self._row = self.arena.row()
+        return self._row
 
     def release(self) -> None:
         self.pool.free(self.ids)
         self.ids = []
-        self._written = -1
-        if self.arena is not None and self._row >= 0:
+        if self._row >= 0:
             self.arena.release(self._row)
             self._row = -1

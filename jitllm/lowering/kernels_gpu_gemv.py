@@ -56,10 +56,11 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
     return symbol, func.with_attr("global_symbol", symbol)
 
 
-def _threads(items: int) -> int:
-    """Threads per block for `items` work items per row group: enough for a few items each."""
+def threads_for(items: int, each: int = 4) -> int:
+    """Threads per block for `items` work items per row group: at least `each` items each, where the
+    items allow (32 threads at least)."""
     for nt in (256, 128, 64):
-        if items >= 4 * nt:
+        if items >= each * nt:
             return nt
     return 32
 
@@ -199,7 +200,7 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
 
 def _float(wtype: str, G: int, K: int, fold: Fold):
     wdtype = "float32" if wtype == "f32" else "float16"
-    NT = _threads(K)  # items: a column of the group's 8 rows
+    NT = threads_for(K)  # items: a column of the group's 8 rows
     XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
@@ -213,7 +214,7 @@ def _float(wtype: str, G: int, K: int, fold: Fold):
 
 def _q8_0(wtype: str, G: int, K: int, fold: Fold):
     NB = K // QUANT_BLOCK
-    NT = _threads(K)  # items: (32-block, column) pairs
+    NT = threads_for(K)  # items: (32-block, column) pairs
     XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
@@ -230,7 +231,7 @@ def _q4(wtype: str, G: int, K: int, fold: Fold):
     """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
     columns j (low nibble) and j + 16 (high nibble)."""
     NB = K // QUANT_BLOCK
-    NT = _threads(K // 2)  # items: (32-block, byte column) pairs, two columns each
+    NT = threads_for(K // 2)  # items: (32-block, byte column) pairs, two columns each
     XK = 2 * K if fold.swiglu else K
 
     @T.prim_func

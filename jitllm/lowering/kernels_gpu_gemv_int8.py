@@ -30,7 +30,7 @@ from tvm.script import tirx as T
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
 from jitllm.lowering.kernels_gpu import without_params
-from jitllm.lowering.kernels_gpu_gemv import Fold
+from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
 
 R = ROW_GROUP
 FORMATS = ("q8_0", "q4_0", "q4_1")
@@ -59,14 +59,6 @@ def groups_per_block(G: int) -> int:
     """Row groups per thread block: as many (up to 4) as keep at least 256 thread blocks (~2 per SM of
     an H200), so the input's quantization is shared without starving the GPU of blocks."""
     return next(c for c in (4, 2, 1) if G % c == 0 and G // c >= 256 or c == 1)
-
-
-def _threads(items: int) -> int:
-    """Threads per block for `items` 32-byte work items per row group: at least two items each."""
-    for nt in (256, 128, 64):
-        if items >= 2 * nt:
-            return nt
-    return 32
 
 
 def _perm(a, b, selector: int):
@@ -193,7 +185,7 @@ def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold):
     NB = K // QUANT_BLOCK
     q4, q4_1 = wtype.startswith("q4"), wtype == "q4_1"
     ITEMS = NB * (4 if q4 else 8)  # per row group
-    NT = _threads(ITEMS)
+    NT = threads_for(ITEMS, each=2)  # 32-byte items
     O = RG * R  # outputs per thread block
     CHUNKS = K // 4  # input columns in 4s, one lane each when quantizing
     WORDS = G * NB * (16 if q4 else 32) * R // 4

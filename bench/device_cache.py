@@ -27,7 +27,7 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     blocks start on the host)."""
     from kinds import gpu_test_kinds
 
-    from jitllm.ir.llama import fused_kind
+    from jitllm.ir.llama import kind_for_target
     from jitllm.lowering.cuda import CudaTarget
     from jitllm.lowering.llvm import LlvmTarget
     from jitllm.random_model import preset_layout
@@ -35,7 +35,7 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     cuda, fast, host = CudaTarget("sm_90"), CudaTarget("sm_90", "fast"), LlvmTarget("exact")
 
     def as_run(kind, target):  # what Executor.kind_on gives a device of `target`, and its decode variant
-        kind = fused_kind(kind) if getattr(target, "fuse_linears", False) else kind
+        kind = kind_for_target(kind, target)
         return [(kind, target), (kind.decode_variant(), target)]
 
     pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]

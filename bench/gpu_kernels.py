@@ -1,5 +1,6 @@
 """Kernels one at a time: the prefill tensor-core linears (against the f32 CUDA-core kernel they
-replaced), the tiled prefill attention, and the decode matvecs over quantized weights (the exact f32
+replaced), the prefill attention (the exact family's tiled f32 kernel and the fast family's on tensor
+cores), and the decode matvecs over quantized weights (the exact f32
 GEMV against the int8-activation dp4a GEMV at several row groups per thread block), checked against
 float64 numpy and timed on the GPU.
 
@@ -8,9 +9,10 @@ float64 numpy and timed on the GPU.
 
 `build` compiles, for the benchmark shapes (the 3B shape's fused Q/K/V, O, gate/up and down matrices;
 SmolLM2's Q/K/V and down; every weight format the tensor-core kernel takes), one module per linear
-holding `mma` (jitllm's prefill kernel), `mma_f16` (the fast family's: f16 operands alone) and `simt`
+holding `mma` (jitllm's prefill kernel), `mma_f16` (the fast family's: f16 operands alone), `mma_f16_m128`
+(the same with 128-row tiles and 8 warps) and `simt`
 (the dlight-scheduled f32 kernel, the stop 11 path),
-and one module per attention shape, and one module per decode matvec (the 3B and SmolLM2 shapes with the
+and one module per attention shape holding `attention` and `attention_mma`, and one module per decode matvec (the 3B and SmolLM2 shapes with the
 ops a decode step folds into them) holding `exact` and `int8_g<RG>`. `run` prints, per kernel and row
 count, the median time of 3 x 20 launches, TFLOP/s and the largest error relative to the largest float64
 output; for the matvecs, the time per launch over copies of the weights that together overflow the L2
@@ -39,7 +41,7 @@ MATVECS = {"llama-3.2-3b": [(5120, 3072, "RmsNormLinear"), (3072, 3072, "LinearA
 MATVEC_FORMATS = {"q4_0": (1, 2, 4), "q4_1": (None,), "q8_0": (None,)}  # row groups per block tried (None: default)
 EPS = 1e-5
 L2_BYTES = 160 * 2**20  # weight copies per matvec timing: together more than the H200's 50 MB L2
-ATTENTION_CASES = [(1, 512, [0]), (2, 37, [5, 100]), (1, 70, [33])]  # (batch, new tokens, history per sequence)
+ATTENTION_CASES = [(1, 512, [0]), (1, 2048, [0]), (1, 256, [600]), (2, 37, [5, 100]), (1, 70, [33])]  # (batch, new tokens, history per sequence)
 P = 16  # page size
 
 
@@ -49,6 +51,7 @@ def build(out: Path, parts: set[str]) -> None:
 
     from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
     from jitllm.lowering.kernels_gpu import attention_kernel, linear_kernel
+    from jitllm.lowering.kernels_gpu_attention_mma import mma_attention_kernel
     from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
     from jitllm.random_model import preset_layout
 
@@ -74,7 +77,8 @@ def build(out: Path, parts: set[str]) -> None:
             for wtype in FORMATS:
                 name = f"linear_{wtype}_{n}x{k}"
                 compile_to(name, {"mma": mma_linear_kernel(wtype, n, k)[1], "simt": linear_kernel(wtype, n, k)[1],
-                                  "mma_f16": mma_linear_kernel(wtype, n, k, split=False)[1]})
+                                  "mma_f16": mma_linear_kernel(wtype, n, k, split=False)[1],
+                                  "mma_f16_m128": mma_linear_kernel(wtype, n, k, split=False, bm=128)[1]})
                 manifest["linears"].append({"name": name, "wtype": wtype, "n": n, "k": k})
     from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
     from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
@@ -94,7 +98,7 @@ def build(out: Path, parts: set[str]) -> None:
     for preset in LINEARS if "attention" in parts else ():
         kind = preset_layout(preset, "f16").block_kinds[0]
         c, name = kind.config, f"attention_{preset}"
-        compile_to(name, {"attention": attention_kernel(kind)[1]})
+        compile_to(name, {"attention": attention_kernel(kind)[1], "attention_mma": mma_attention_kernel(kind)[1]})
         manifest["attention"].append({"name": name, "heads": c.heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim})
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
@@ -215,7 +219,7 @@ def run(folder: Path) -> None:
             x = rng.standard_normal((m, k), dtype=np.float32)
             exact = x.astype(np.float64) @ w.T
             line = [f"{entry['wtype']:>5} {n:>5} x {k:<5} M={m:<5}"]
-            for fn in ("simt", "mma", "mma_f16"):
+            for fn in [f for f in ("simt", "mma", "mma_f16", "mma_f16_m128") if lib.implements_function(f, True)]:
                 y = tvm.runtime.empty((m, n), "float32", dev)
                 lib[fn](up(x), *weights, y)
                 err = np.abs(y.numpy() - exact).max() / np.abs(exact).max()
@@ -233,12 +237,15 @@ def run(folder: Path) -> None:
             v = rng.standard_normal((batch, s, kv_heads, d)).astype(np.float32)
             past = np.array(pasts, np.int32)
             args = [up(a) for a in (q, k, v, pages, pt, past)]
-            out = tvm.runtime.empty(q.shape, "float32", dev)
-            lib["attention"](*args, out)
-            err = np.abs(out.numpy() - attention_reference(q, k, v, pages, pt, past)).max()
-            t = lib.time_evaluator("attention", dev, number=10, repeat=3)(*args, out).median
-            print(f"attention {entry['name'][10:]} batch {batch} new {s} history {pasts}: {t * 1e6:.1f} us, "
-                  f"max error {err:.1e}", flush=True)
+            reference = attention_reference(q, k, v, pages, pt, past)
+            line = [f"attention {entry['name'][10:]} batch {batch} new {s} history {pasts}"]
+            for fn in ("attention", "attention_mma"):
+                out = tvm.runtime.empty(q.shape, "float32", dev)
+                lib[fn](*args, out)
+                err = np.abs(out.numpy() - reference).max() / np.abs(reference).max()
+                t = lib.time_evaluator(fn, dev, number=10, repeat=3)(*args, out).median
+                line.append(f"{fn} {t * 1e6:.1f} us, error {err:.1e}")
+            print(" | ".join(line), flush=True)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from jitllm.commands.common import opt
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
                     cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
-    from jitllm.ir.llama import fused_kind
+    from jitllm.ir.llama import kind_for_target
     from jitllm.jlm import JlmFile
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets import get_target
@@ -39,8 +39,7 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
     else:
         layout = ModelLayout.from_file(JlmFile(model))
     target = get_target(target_name, arch, cpu_kernels if target_name == "llvm" else gpu_kernels)
-    as_compiled = fused_kind if getattr(target, "fuse_linears", False) else (lambda kind: kind)
-    kinds = list(dict.fromkeys(as_compiled(k) for k in [*layout.block_kinds, layout.head]))
+    kinds = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))
     if getattr(target, "decode_variants", False):
         kinds += [k.decode_variant() for k in kinds]
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
@@ -48,7 +47,7 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
     for kind in kinds:
         artifact = get_artifact(kind, target, cache_dir)
         users = [str(i) for i, k in enumerate(layout.block_kinds)
-                 if as_compiled(k).decode_variant() == kind.decode_variant()] or ["head"]
+                 if kind_for_target(k, target).decode_variant() == kind.decode_variant()] or ["head"]
         what = f"{kind.kind}{' decode' if kind.decode else ''} ({_span(users)})"
         if artifact.built:
             built += 1

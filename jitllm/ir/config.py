@@ -72,6 +72,9 @@ class BlockKind:
     decode: bool = False
     """A variant with batch and seq fixed to 1: GPU targets compile it beside the general kind so
     decode steps get matrix-vector schedules (the general kind serves prefill)."""
+    folded: bool = False
+    """The graph's norms, SwiGLU, residual adds and rotary embedding are folded ops (jitllm.ir.ops) at
+    every row count, not only in decode variants: for targets with folded prefill kernels."""
 
     def linear(self, name: str) -> LinearSpec:
         for spec in self.linears:

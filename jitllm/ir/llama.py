@@ -132,6 +132,18 @@ def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spe
     return g.op("Add", x2, _linear(g, act, down_spec))
 
 
+def kind_for_target(kind: BlockKind, target) -> BlockKind:
+    """The kind as `target` compiles it: Q/K/V and gate/up stacked where the target prefers fewer,
+    larger linears (`fuse_linears`), and then the prefill graph's small ops folded into the linears and
+    the rotary op where it has kernels for them (`fold_prefill`)."""
+    if not getattr(target, "fuse_linears", False):
+        return kind
+    fused = fused_kind(kind)
+    if getattr(target, "fold_prefill", False) and fused.kind == "llama" and len(fused.linears) == 4:
+        return replace(fused, folded=True)
+    return fused
+
+
 def fused_kind(kind: BlockKind) -> BlockKind:
     """The llama kind with Q/K/V and gate/up stacked into one linear each, where their weight types
     match (else the kind itself). Weights are stacked when loaded (see ModelLayout.weight_sources)."""
@@ -153,7 +165,8 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     c = kind.config
     g = GraphBuilder()
     lead = (1, 1) if kind.decode else ("batch", "seq")
-    fold = kind.decode and (kind.kind == "head" or len(kind.linears) == 4)  # decode variant of a fused kind
+    # decode variant of a fused kind, or a fused kind compiled for a target with folded prefill kernels
+    fold = (kind.decode and (kind.kind == "head" or len(kind.linears) == 4)) or kind.folded
     outputs: list[onnx.ValueInfoProto]
     if kind.kind == "llama":
         q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim

@@ -18,12 +18,13 @@ KERNELS = ("exact", "fast")
 class CudaTarget:
     name = "cuda"
     sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
-               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py")
+               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py", "kernels_gpu_attention_mma.py")
 
     def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
         """`kernels`: "exact" (f32 activations everywhere; tensor cores through f16 hi + lo halves) or
         "fast" (decode matvecs over GGML-quantized weights quantize the activations to int8 and use
-        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, kernels_gpu_mma.py;
+        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, kernels_gpu_mma.py,
+        and so does the prefill attention, kernels_gpu_attention_mma.py;
         float-weight decode matvecs are the same in both)."""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if match is None:
@@ -49,6 +50,10 @@ class CudaTarget:
     decode_variants = True
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 
+    fold_prefill = True
+    """Prefill kinds fold norms, SwiGLU and residual adds into the tensor-core linears and take one
+    rotary kernel (prefill_linear_kernel, rotary_kernel), as decode variants do (BlockKind.folded)."""
+
     decode_appends_kv = True
     """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's
     partial kernel does, kernels_gpu_attention.APPENDS_KV): the runtime launches no append after it."""
@@ -56,16 +61,24 @@ class CudaTarget:
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
         """Prefill (rows unknown) on tensor cores where the arch has them (sm_70 on) and the shape fits;
         decode matvecs and the rest as kernels_gpu.linear_kernel gives them."""
+        from jitllm.ir.ops import LINEAR
         from jitllm.lowering.kernels_gpu import linear_kernel
-        from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
 
         if rows == 1 and self._int8_activations(wtype):
-            from jitllm.ir.ops import LINEAR
-
             return self.folded_linear_kernel(LINEAR, wtype, n, k)
-        mma = mma_linear_kernel(wtype, n, k, self.kernels == "exact") if rows is None and self.compute_capability >= 70 \
-            else None
+        mma = self.prefill_linear_kernel(LINEAR, wtype, n, k) if rows is None else None
         return mma or linear_kernel(wtype, n, k, rows)
+
+    def prefill_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
+        """A linear over any number of rows with its norm / SwiGLU / residual add folded (jitllm.ir.ops)
+        on tensor cores (sm_70 on, shapes kernels_gpu_mma takes), else None. The fast family runs the
+        wide gate/up projections 128 rows per thread block."""
+        from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
+
+        if self.compute_capability < 70:
+            return None
+        bm = 128 if self.kernels == "fast" and n >= 8192 else 64
+        return mma_linear_kernel(wtype, n, k, self.kernels == "exact", bm, family, eps)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""
@@ -89,8 +102,13 @@ class CudaTarget:
         return rotary_kernel(kind)
 
     def attention_kernel(self, kind):
+        """Prefill attention: on tensor cores with f16 operands in the fast family (sm_70 on, head dims
+        the fragments tile), the f32 CUDA-core kernel otherwise."""
+        from jitllm.lowering import kernels_gpu_attention_mma as mma
         from jitllm.lowering.kernels_gpu import attention_kernel
 
+        if self.kernels == "fast" and self.compute_capability >= 70 and mma.applies(kind):
+            return mma.mma_attention_kernel(kind)
         return attention_kernel(kind)
 
     def split_attention_kernels(self, kind):

@@ -231,30 +231,38 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 
 
 def rotary_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
-    """RotaryQKV for one token (decode variants): one thread block per head of the fused projection,
-    one thread per (x[2i], x[2i+1]) pair; q and k heads are rotated, v heads copied."""
+    """RotaryQKV over any number of tokens (decode variants and folded prefill kinds): one thread block
+    per (token, head of the fused projection), one thread per (x[2i], x[2i+1]) pair; q and k heads are
+    rotated, v heads copied. q, k and v come out as [tokens, heads, head_dim]."""
     c = kind.config
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
-    HALF = D // 2
+    W, HALF = (H + 2 * HKV) * D, D // 2
     symbol = f"jl_gpu_rotary_qkv_h{H}_kv{HKV}_d{D}"
 
     @T.prim_func
-    def f(qkv: T.Buffer((1, (H + 2 * HKV) * D), "float32"), cos: T.Buffer((1, HALF), "float32"),
-          sin: T.Buffer((1, HALF), "float32"), q: T.Buffer((1, 1, H, D), "float32"),
-          k: T.Buffer((1, 1, HKV, D), "float32"), v: T.Buffer((1, 1, HKV, D), "float32")):
+    def f(qkv_h: T.handle, cos_h: T.handle, sin_h: T.handle, q_h: T.handle, k_h: T.handle, v_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for h in T.thread_binding(H + 2 * HKV, thread="blockIdx.x"):
-            for i in T.thread_binding(HALF, thread="threadIdx.x"):
-                a: T.let = qkv[0, h * D + 2 * i]
-                b: T.let = qkv[0, h * D + 2 * i + 1]
+        M = T.int64()
+        qkv = T.match_buffer(qkv_h, (M, W), "float32")
+        cos = T.match_buffer(cos_h, (M, HALF), "float32")
+        sin = T.match_buffer(sin_h, (M, HALF), "float32")
+        q = T.match_buffer(q_h, (M, H, D), "float32")
+        k = T.match_buffer(k_h, (M, HKV, D), "float32")
+        v = T.match_buffer(v_h, (M, HKV, D), "float32")
+        for mh in T.thread_binding(M * (H + 2 * HKV), thread="blockIdx.x"):
+            for i in T.thread_binding(T.int64(HALF), thread="threadIdx.x"):
+                m: T.let = mh // (H + 2 * HKV)
+                h: T.let = mh % (H + 2 * HKV)
+                a: T.let = qkv[m, h * D + 2 * i]
+                b: T.let = qkv[m, h * D + 2 * i + 1]
                 if h < H:
-                    q[0, 0, h, 2 * i] = a * cos[0, i] - b * sin[0, i]
-                    q[0, 0, h, 2 * i + 1] = a * sin[0, i] + b * cos[0, i]
+                    q[m, h, 2 * i] = a * cos[m, i] - b * sin[m, i]
+                    q[m, h, 2 * i + 1] = a * sin[m, i] + b * cos[m, i]
                 elif h < H + HKV:
-                    k[0, 0, h - H, 2 * i] = a * cos[0, i] - b * sin[0, i]
-                    k[0, 0, h - H, 2 * i + 1] = a * sin[0, i] + b * cos[0, i]
+                    k[m, h - H, 2 * i] = a * cos[m, i] - b * sin[m, i]
+                    k[m, h - H, 2 * i + 1] = a * sin[m, i] + b * cos[m, i]
                 else:
-                    v[0, 0, h - H - HKV, 2 * i] = a
-                    v[0, 0, h - H - HKV, 2 * i + 1] = b
+                    v[m, h - H - HKV, 2 * i] = a
+                    v[m, h - H - HKV, 2 * i + 1] = b
 
     return symbol, f.with_attr("global_symbol", symbol)

@@ -42,14 +42,19 @@ class Fold:
         return {LINEAR: cls(), NORM_LINEAR: cls(norm=True, eps=eps), LINEAR_ADD: cls(residual=True),
                 SWIGLU_LINEAR_ADD: cls(swiglu=True, residual=True)}[family]
 
+    def suffix(self, family: str) -> str:
+        """What a kernel's symbol adds for the fold: the family, and the norm's eps as float bits
+        (symbols take no '.' or '-')."""
+        if family == LINEAR:
+            return ""
+        return f"_{family.lower()}" + (f"_eps{np.float32(self.eps).view(np.uint32):08x}" if self.norm else "")
+
 
 def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc]:
     """The kernel's parameters: x [1, K] ([1, 2K] gate then up for SwiGLU), the norm weight [K] (norm
     only), the weight parts, the residual [1, N/R, R] (residual only), y [1, N/R, R]."""
     fold = Fold.of(family, eps)
-    symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + ("" if family == LINEAR else f"_{family.lower()}")
-    if fold.norm:
-        symbol += f"_eps{np.float32(eps).view(np.uint32):08x}"  # float bits: symbols take no '.' or '-'
+    symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
     factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
     func = factory(wtype, n // R, k, fold)
     func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})

@@ -23,7 +23,6 @@ precomputed per item, and Q4_1's minimum multiplies the same sum times d_x.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm.script import tirx as T
 
@@ -47,9 +46,7 @@ def int8_gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: floa
     fold = Fold.of(family, eps)
     G = n // R
     rg = groups or groups_per_block(G)
-    symbol = f"jl_gpu_gemv8_{wtype}_{n}x{k}_g{rg}" + ("" if family == LINEAR else f"_{family.lower()}")
-    if fold.norm:
-        symbol += f"_eps{np.float32(eps).view(np.uint32):08x}"
+    symbol = f"jl_gpu_gemv8_{wtype}_{n}x{k}_g{rg}" + fold.suffix(family)
     func = _kernel(wtype, G, k, rg, fold)
     func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})
     return symbol, func.with_attr("global_symbol", symbol)

@@ -22,50 +22,73 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.ops import LINEAR
 from jitllm.lowering.kernels_gpu import without_params
+from jitllm.lowering.kernels_gpu_gemv import Fold
+from jitllm.lowering.kernels_gpu_gemv_int8 import _shfl_xor
 
 R = ROW_GROUP
-BM, BK, WM = 64, QUANT_BLOCK, 32
+BK, WM = QUANT_BLOCK, 32
 PAD = 8  # halves of padding per shared-memory row (keeps WMMA loads off one bank)
-NT = 128  # 4 warps
 WMMA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
 
 
-def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True) -> tuple[str, tvm.tirx.PrimFunc] | None:
+def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 64, family: str = LINEAR,
+                      eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc] | None:
     """The tensor-core kernel for a prefill linear of this shape, or None where it does not apply
     (f32 weights, or N not a multiple of 64). `split`: f16 hi + lo halves (near-f32 results) or f16
-    operands alone (the fast family)."""
+    operands alone (the fast family). `bm`: rows per thread block, 64 (4 warps) or 128 (8 warps).
+    `family` (jitllm.ir.ops) folds a norm before, SwiGLU before or a residual add after the product, as
+    the decode matvecs do (kernels_gpu_gemv.Fold)."""
     if wtype not in WMMA_FORMATS or n % 64 or k % BK:
         return None
     bn = 128 if n % 128 == 0 else 64
-    symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}" + ("" if split else "_f16")
-    return symbol, _kernel(wtype, n, k, bn, split).with_attr("global_symbol", symbol)
+    if bm == 128 and bn == 64:
+        bm = 64  # 8 warps over 64 columns leave Q4 items for half the threads
+    fold = Fold.of(family, eps)
+    symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}" + ("" if split else "_f16") + ("" if bm == 64 else f"_m{bm}") \
+        + fold.suffix(family)
+    return symbol, _kernel(wtype, n, k, bn, split, bm, bm * 2, fold).with_attr("global_symbol", symbol)
 
 
 @T.macro
-def _load_x(x, xv, M, bm, kt, t):
-    """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1)."""
+def _load_x(x, xv, xu, M, bm, kt, t, BM, NT, K, fold):
+    """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1);
+    with SwiGLU folded, the gate there and the up half (columns K on) into xu."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
         src: T.let = T.min(bm * BM + T.Cast("int64", e // (BK // 4)), M - 1)
         for v in T.vectorized(4):
             xv[s * 4 + v] = x[src, kt * BK + e % (BK // 4) * 4 + v]
+        if fold.swiglu:
+            for v in T.vectorized(4):
+                xu[s * 4 + v] = x[src, K + kt * BK + e % (BK // 4) * 4 + v]
 
 
 @T.macro
-def _store_x(xv, a_hi, a_lo, t, LDA, split):
-    """The registers of _load_x into shared memory as f16 halves hi and lo (hi alone without `split`)."""
+def _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, kt, fold, count):
+    """The registers of _load_x (tile kt) into shared memory as f16 halves hi and lo (hi alone without
+    `split`). Folded ops apply here: SwiGLU combines gate and up; the norm's weight scales each column
+    and, where `count` holds (each tile once), the squares add into the row's sum `ss`."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
         at: T.let = e // (BK // 4) * LDA + e % (BK // 4) * 4
         for v in T.serial(4):
-            a_hi[at + v] = T.Cast("float16", xv[s * 4 + v])
+            if fold.swiglu:
+                xf[v] = xv[s * 4 + v] / (T.float32(1) + T.exp(T.float32(0) - xv[s * 4 + v])) * xu[s * 4 + v]
+            else:
+                xf[v] = xv[s * 4 + v]
+            if fold.norm:
+                if count:
+                    ss[s] = ss[s] + xf[v] * xf[v]
+                xf[v] = xf[v] * nw[kt * BK + e % (BK // 4) * 4 + v]
+            a_hi[at + v] = T.Cast("float16", xf[v])
             if split:
-                a_lo[at + v] = T.Cast("float16", xv[s * 4 + v] - T.Cast("float32", T.Cast("float16", xv[s * 4 + v])))
+                a_lo[at + v] = T.Cast("float16", xf[v] - T.Cast("float32", T.Cast("float16", xf[v])))
 
 
 @T.macro
-def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt):
+def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt, NT):
     """Columns bn*BN : +BN of W for k in kt*BK : +BK into registers: per item, one row group's 8 values
     (or quants) and, for quantized formats, their scales (and minimums)."""
     if fmt == "f16" or fmt == "q8_0":
@@ -108,7 +131,7 @@ def _split_store(b_hi, b_lo, wv, hv, lv, at, split):
 
 
 @T.macro
-def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split):
+def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT):
     """The registers of _load_w into shared memory as b[k, n] (n contiguous); dequantized weights are
     split into f16 halves hi and lo."""
     if fmt == "f16":
@@ -137,7 +160,7 @@ def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split):
 
 
 @T.macro
-def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split):
+def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split, fold):
     """LDA, LDB: shared row lengths of x's and W's tiles; WN: a warp's columns; FM x FN: its fragments."""
     for bn in T.thread_binding(N // BN, thread="blockIdx.x"):
         for bm in T.thread_binding((M + BM - 1) // BM, thread="blockIdx.y"):
@@ -148,13 +171,17 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split)
                 b_lo = T.alloc_buffer((BK * LDB,), "float16", scope="shared")
                 # per-warp staging of one finished 16x16 tile; shared.dyn keeps it out of the f16 buffers'
                 # merged allocation (an f32 pointer into it fails TVM's access_ptr check)
-                c_s = T.alloc_buffer((NT // 32 * 256,), "float32", scope="shared.dyn")
+                # (then the rows' 1/RMS where the norm is folded)
+                c_s = T.alloc_buffer((NT // 32 * 256 + BM,), "float32", scope="shared.dyn")
                 fa = T.alloc_buffer((FM * 16, 16), "float16", scope="wmma.matrix_a")
                 fl = T.alloc_buffer((FM * 16, 16), "float16", scope="wmma.matrix_a")
                 fb = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
                 fbl = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
                 acc = T.alloc_buffer((FM * 16, FN * 16), "float32", scope="wmma.accumulator")
                 xv = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # the next tile, in flight
+                xu = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # (its up half: SwiGLU)
+                xf = T.alloc_buffer((4,), "float32", scope="local")
+                ss = T.alloc_buffer((BM * BK // 4 // NT,), "float32", scope="local")  # (sums of squares: norm)
                 qv = T.alloc_buffer((BN * BK // NT,), qdtype, scope="local")
                 dv = T.alloc_buffer((BN * BK // NT,), "float16", scope="local")
                 mv = T.alloc_buffer((BN * BK // NT,), "float16", scope="local")
@@ -162,21 +189,23 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split)
                 hv = T.alloc_buffer((R,), "float16", scope="local")
                 lv = T.alloc_buffer((R,), "float16", scope="local")
                 warp: T.let = t // 32
-                wm: T.let = warp // 2
+                wm: T.let = warp // 2  # warps: NT // 64 rows of WM x 2 columns of WN
                 wn: T.let = warp % 2
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
-                _load_x(x, xv, M, bm, 0, t)
-                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt)
-                _store_x(xv, a_hi, a_lo, t, LDA, split)
-                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
+                for s in T.serial(BM * BK // 4 // NT):
+                    ss[s] = T.float32(0)
+                _load_x(x, xv, xu, M, bm, 0, t, BM, NT, K, fold)
+                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt, NT)
+                _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, 0, fold, True)
+                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
                 for kt in T.serial(K // BK):
                     T.tvm_storage_sync("shared")
                     # the next tile's loads are issued before this tile's products (the last tile loads
                     # itself again), so their latency hides behind the tensor cores
-                    _load_x(x, xv, M, bm, T.min(kt + 1, K // BK - 1), t)
-                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt)
+                    _load_x(x, xv, xu, M, bm, T.min(kt + 1, K // BK - 1), t, BM, NT, K, fold)
+                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt, NT)
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
                             a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
@@ -209,8 +238,16 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split)
                                 if split and fmt != "f16":
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
-                    _store_x(xv, a_hi, a_lo, t, LDA, split)
-                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
+                    _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, T.min(kt + 1, K // BK - 1), fold,
+                             kt + 1 < K // BK)
+                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
+                if fold.norm:  # each row's sum of squares is spread over 8 lanes: 1/RMS into c_s after the tiles
+                    for s in T.serial(BM * BK // 4 // NT):
+                        for lanes in T.unroll(3):
+                            ss[s] = ss[s] + _shfl_xor(ss[s], 1 << lanes)
+                        if t % (BK // 4) == 0:
+                            c_s[NT // 32 * 256 + (s * NT + t) // (BK // 4)] = T.rsqrt(ss[s] / T.float32(K) + T.float32(fold.eps))
+                    T.tvm_storage_sync("shared")
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_store_matrix_sync(
@@ -219,26 +256,41 @@ def _body(x, q, d, mn, y, M, N, K, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split)
                             16, "row_major"))
                         for s in T.serial(8):
                             e: T.let = s * 32 + t % 32
-                            row: T.let = bm * BM + T.Cast("int64", wm * WM + i * 16 + e // 16)
+                            local: T.let = wm * WM + i * 16 + e // 16
+                            row: T.let = bm * BM + T.Cast("int64", local)
+                            col: T.let = bn * BN + wn * WN + j * 16 + e % 16
                             if row < M:
-                                y[row, bn * BN + wn * WN + j * 16 + e % 16] = c_s[warp * 256 + e]
+                                if fold.norm and fold.residual:
+                                    y[row, col] = c_s[warp * 256 + e] * c_s[NT // 32 * 256 + local] + res[row, col]
+                                elif fold.norm:
+                                    y[row, col] = c_s[warp * 256 + e] * c_s[NT // 32 * 256 + local]
+                                elif fold.residual:
+                                    y[row, col] = c_s[warp * 256 + e] + res[row, col]
+                                else:
+                                    y[row, col] = c_s[warp * 256 + e]
 
 
-def _kernel(wtype: str, N: int, K: int, BN: int, split: bool) -> tvm.tirx.PrimFunc:
-    """One signature for every format: x, the quants (or f16 weights) q, scales d, minimums mn, y;
-    formats without scales (f16) or minimums (all but Q4_1) drop those parameters."""
+def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, NT: int, fold: Fold) -> tvm.tirx.PrimFunc:
+    """One signature for every format and fold: x ([M, 2K], gate then up, with SwiGLU), the norm weight
+    nw, the quants (or f16 weights) q, scales d, minimums mn, the residual res, y; formats without
+    scales (f16) or minimums (all but Q4_1) and folds without a norm or a residual drop those."""
     G, NB = N // R, K // QUANT_BLOCK
     qshape, qdtype = {"f16": ((G, K, R), "float16"), "q8_0": ((G, NB, 32, R), "int8"),
                       "q4_0": ((G, NB, 16, R), "uint8"), "q4_1": ((G, NB, 16, R), "uint8")}[wtype]
-    tile = (BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
+    tile = (BM, NT, BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
+
+    XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
-    def f(x_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
-          mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
+    def f(x_h: T.handle, nw: T.Buffer((K,), "float32"), q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
+          mn: T.Buffer((G, NB, R), "float16"), res_h: T.handle, y_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         M = T.int64()
-        x = T.match_buffer(x_h, (M, K), "float32")
+        x = T.match_buffer(x_h, (M, XK), "float32")
+        res = T.match_buffer(res_h, (M, N), "float32")
         y = T.match_buffer(y_h, (M, N), "float32")
-        _body(x, q, d, mn, y, M, N, K, *tile, wtype, qdtype, split)
+        _body(x, nw, q, d, mn, res, y, M, N, K, *tile, wtype, qdtype, split, fold)
 
-    return without_params(f, {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"}))
+    unused = {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
+    unused |= {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
+    return without_params(f, unused)

@@ -96,6 +96,16 @@ def _linear_converter(family: str, wtype: str, target):
             symbol, func = target.folded_linear_kernel(family, wtype, n, k, eps)
             args = [x, extras[0], *parts] if family == NORM_LINEAR else [x, *parts, *extras]
             return relax.op.reshape(_call_kernel(bb, symbol, func, args), [*lead, n])
+        found = target.prefill_linear_kernel(family, wtype, n, k, eps) \
+            if family != LINEAR and not isinstance(m, int) and hasattr(target, "prefill_linear_kernel") else None
+        if found is not None:  # any number of rows, as [M, ...] matrices
+            x2 = bb.emit(relax.op.reshape(x, [m, int(x.ty.shape.values[-1])]))
+            if family == NORM_LINEAR:
+                args = [x2, extras[0], *parts]
+            else:
+                args = [x2, *parts, *[bb.emit(relax.op.reshape(e, [m, n])) for e in extras]]
+            y = bb.emit(relax.call_tir(_add_kernel(bb, *found), args, relax.TensorType([m, n], "float32")))
+            return relax.op.reshape(y, [*lead, n])
         if family == NORM_LINEAR:
             mean = bb.emit(relax.op.mean(relax.op.multiply(x, x), axis=[-1], keepdims=True))
             inv = bb.emit(relax.op.rsqrt(relax.op.add(mean, relax.const(eps, "float32"))))
@@ -118,8 +128,12 @@ def _rotary_converter(kind: BlockKind, target):
     def rotary(bb, inputs, attr, params):
         qkv, cos, sin, _split = [bb.normalize(i) for i in inputs]
         lead, m = _rows(qkv)
-        if m == 1 and hasattr(target, "rotary_kernel"):
-            return _call_kernel(bb, *target.rotary_kernel(kind), [qkv, cos, sin])
+        if hasattr(target, "rotary_kernel"):  # any number of rows, as [M, ...] tensors
+            flat = [bb.emit(relax.op.reshape(a, [m, int(a.ty.shape.values[-1])])) for a in (qkv, cos, sin)]
+            outs = [relax.TensorType([m, count, D], "float32") for count in (H, HKV, HKV)]
+            qkv_out = bb.emit(relax.call_tir(_add_kernel(bb, *target.rotary_kernel(kind)), flat, outs))
+            return relax.Tuple([bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(qkv_out, i)), [*lead, count, D]))
+                                for i, count in enumerate((H, HKV, HKV))])
         heads = bb.emit(relax.op.reshape(qkv, [*lead, H + 2 * HKV, D // 2, 2]))
         cs = bb.emit(relax.op.reshape(cos, [*lead, 1, D // 2, 1]))
         sn = bb.emit(relax.op.reshape(sin, [*lead, 1, D // 2, 1]))
@@ -128,7 +142,8 @@ def _rotary_converter(kind: BlockKind, target):
             return bb.emit(relax.op.strided_slice(x, axes=[axis], begin=[begin], end=[end]))
 
         def rope(x: relax.Expr, count: int) -> relax.Expr:
-            x0, x1 = take(0, 1, -1, x), take(1, 2, -1, x)
+            pair = len(lead) + 2  # the pair axis of [*lead, heads, D/2, 2], positive (TOPI's slice takes no -1)
+            x0, x1 = take(0, 1, pair, x), take(1, 2, pair, x)
             out0 = relax.op.subtract(relax.op.multiply(x0, cs), relax.op.multiply(x1, sn))
             out1 = relax.op.add(relax.op.multiply(x0, sn), relax.op.multiply(x1, cs))
             return bb.emit(relax.op.reshape(relax.op.concat([out0, out1], axis=-1), [*lead, count, D]))

@@ -17,7 +17,7 @@ import tvm
 
 from jitllm.errors import DeviceFault, JitllmError
 from jitllm.ir.config import BlockKind
-from jitllm.ir.llama import fused_kind
+from jitllm.ir.llama import kind_for_target
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.quant import dequantize_rows
@@ -133,10 +133,9 @@ class Executor:
         return found
 
     def kind_on(self, index: int | str, device: Device) -> BlockKind:
-        """The unit's kind as compiled for `device`: targets that prefer fewer, larger matvecs
-        (`fuse_linears`) get Q/K/V and gate/up stacked (jitllm.ir.llama.fused_kind)."""
+        """The unit's kind as compiled for `device` (jitllm.ir.llama.kind_for_target)."""
         kind = self.layout.head if index == HEAD else self.layout.block_kinds[index]
-        return fused_kind(kind) if getattr(device.target, "fuse_linears", False) else kind
+        return kind_for_target(kind, device.target)
 
     def _load_unit(self, index: int | str, device: Device) -> Unit:
         kind = self.kind_on(index, device)

@@ -5,7 +5,8 @@ GPU machine."""
 from __future__ import annotations
 
 from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, fused_kind, head_kind, llama_block_kind
+from jitllm.ir.llama import BLOCK_LINEARS, head_kind, kind_for_target, llama_block_kind
+from jitllm.lowering.cuda import CudaTarget
 from jitllm.random_model import PRESETS
 
 TEST_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
@@ -17,6 +18,6 @@ def gpu_test_kinds():
         kinds += [llama_block_kind(TEST_CFG, {n: wtype for n in BLOCK_LINEARS}), head_kind(TEST_CFG, wtype)]
     tiny = PRESETS["tiny"]
     kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]
-    kinds = [fused_kind(k) for k in kinds]  # as the CUDA target runs them
+    kinds = [kind_for_target(k, CudaTarget()) for k in kinds]  # as the CUDA target runs them
     return kinds + [k.decode_variant() for k in kinds]
 

@@ -65,15 +65,24 @@ def test_block_kind_on_cuda(kind, cache_dir):
 
 
 FAST_TOL = 3e-2
-"""int8 activations (the fast family): error relative to the largest output, as the CPU fast kernels'
-tests allow (tests/lowering/test_cpu_kernels.py)."""
+"""The fast family (int8 activations in decode, f16 tensor-core operands in prefill): error relative to
+the largest output, as the CPU fast kernels' tests allow (tests/lowering/test_cpu_kernels.py)."""
 
 
-@pytest.mark.parametrize("kind", [k for k in gpu_test_kinds() if k.decode and k.linears[0].wtype.startswith("q")],
-                         ids=lambda k: f"{k.kind}-{k.linears[0].wtype}-{k.config.hidden}")
-def test_fast_decode_kinds_on_cuda(kind, cache_dir):
-    """The fast family's decode kinds (int8 activations, dp4a) against the numpy reference, and against the
-    exact family's kernels on the same inputs: close, but not the same numbers (the int8 path ran)."""
+def _fast_kinds():
+    """Kinds whose fast-family kernels differ from the exact ones: quantized decode steps (int8
+    activations) and every prefill block (f16 tensor-core operands in the linears and the attention)."""
+    kinds = gpu_test_kinds()
+    return [k for k in kinds if k.decode and k.linears[0].wtype.startswith("q")] + \
+        [k for k in kinds if not k.decode and k.kind != "head"]
+
+
+@pytest.mark.parametrize("kind", _fast_kinds(),
+                         ids=lambda k: f"{k.kind}-{k.linears[0].wtype}-{k.config.hidden}{'-decode' if k.decode else ''}")
+def test_fast_kinds_on_cuda(kind, cache_dir):
+    """The fast family's kinds against the numpy reference, and against the exact family's kernels on the
+    same inputs: close, but not the same numbers (the fast path ran). Prefill runs two tiles of queries
+    over a history and a batch of two sequences with different histories."""
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.cuda import CudaTarget
     from jitllm.runtime.devices.cuda import cuda_arch
@@ -89,15 +98,17 @@ def test_fast_decode_kinds_on_cuda(kind, cache_dir):
         x = rng.standard_normal((1, 1, kind.config.hidden)).astype(np.float32)
         args = lambda: [up(x), *[up(weights[n]) for n, _, _ in weight_inputs(kind)]]  # noqa: E731
         got, base, ref = fast.main(*args()).numpy(), exact.main(*args()).numpy(), head_forward(kind, weights, x)
-        scale = np.abs(ref).max()
-    else:
-        feeds = {**paged_inputs(kind, rng, 1, 1, [37]), **weights}
+        assert np.abs(got - ref).max() < FAST_TOL * np.abs(ref).max()
+        assert 0 < np.abs(got - base).max() < FAST_TOL * np.abs(ref).max()
+        return
+    for batch, seq, pasts in [(1, 1, [37])] if kind.decode else [(1, 70, [33]), (2, 3, [16, 5])]:
+        feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}
         names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
         got, base = (program.main(*[up(feeds[n]) for n in names])[0].numpy() for program in (fast, exact))
         ref = block_forward(kind, weights, **{n: feeds[n] for n, _, _ in activation_inputs(kind)})[0]
         scale = np.abs(ref - feeds["x"]).max()  # the block's own contribution, beside the residual
-    assert np.abs(got - ref).max() < FAST_TOL * scale
-    assert 0 < np.abs(got - base).max() < FAST_TOL * scale
+        assert np.abs(got - ref).max() < FAST_TOL * scale, (batch, seq, pasts)
+        assert 0 < np.abs(got - base).max() < FAST_TOL * scale, (batch, seq, pasts)
 
 
 def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):

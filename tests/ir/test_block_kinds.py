@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -31,17 +33,20 @@ def _run_both(kind, cache_dir, feeds):
     return got_ort, got_tvm, program
 
 
-@pytest.mark.parametrize("variant", ["separate", "fused", "fused-decode"])
+@pytest.mark.parametrize("variant", ["separate", "fused", "fused-decode", "fused-folded"])
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_decoder_block(wtype, variant, cache_dir):
-    """The fused decode variant's graph folds norms, residuals, SwiGLU and rotary into jitllm ops:
-    ONNX Runtime runs their function bodies, TVM (llvm) lowers them to their parts."""
+    """The fused decode variant's graph (and a folded kind's at any row count) folds norms, residuals,
+    SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies, TVM (llvm) lowers them
+    to their parts."""
     kind = llama_block_kind(CFG, {n: wtype for n in BLOCK_LINEARS})
     if variant != "separate":
         kind = fused_kind(kind)
         assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
-    if variant == "fused-decode":
-        kind = kind.decode_variant()
+    if variant == "fused-folded":
+        kind = dataclasses.replace(kind, folded=True)
+    if variant in ("fused-decode", "fused-folded"):
+        kind = kind.decode_variant() if variant == "fused-decode" else kind
         ops = {n.op_type for n in build_block_graph(kind).graph.node}
         assert {"RotaryQKV", f"RmsNormLinear_{wtype}", f"LinearAdd_{wtype}", f"SwiGLULinearAdd_{wtype}"} <= ops
     rng = np.random.default_rng(7)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jitllm.errors import JitllmError
@@ -50,6 +52,19 @@ def test_fast_family_takes_int8_matvecs_for_quantized_decode_and_f16_tensor_core
     assert CudaTarget("sm_52", "fast").linear_kernel("q4_0", 128, 64, rows=1)[0].startswith("jl_gpu_gemv_")  # no dp4a
     assert fast.cache_key() != exact.cache_key() and fast.cache_key()["kernels"] == "fast"
     assert CudaTarget("sm_90").kernels == "exact"
+
+
+def test_fast_family_takes_tensor_core_prefill_attention_where_the_head_dim_fits():
+    from jitllm.random_model import preset_layout
+
+    for preset in ("smollm2-135m", "llama-3.2-3b", "tiny"):
+        kind = preset_layout(preset, "f16").block_kinds[0]
+        assert CudaTarget("sm_90", "fast").attention_kernel(kind)[0].startswith("jl_gpu_mma_attention_")
+        assert CudaTarget("sm_90", "exact").attention_kernel(kind)[0].startswith("jl_gpu_paged_attention_")
+        assert CudaTarget("sm_61", "fast").attention_kernel(kind)[0].startswith("jl_gpu_paged_attention_")
+    kind = preset_layout("tiny", "f16").block_kinds[0]
+    odd = dataclasses.replace(kind, config=dataclasses.replace(kind.config, head_dim=8))  # not a fragment's width
+    assert CudaTarget("sm_90", "fast").attention_kernel(odd)[0].startswith("jl_gpu_paged_attention_")
 
 
 def test_int8_matvec_shares_the_quantized_input_over_row_groups():

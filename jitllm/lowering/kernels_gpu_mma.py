@@ -22,7 +22,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
-from jitllm.ir.ops import LINEAR
+from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold
 from jitllm.lowering.kernels_gpu_gemv_int8 import _shfl_xor
@@ -38,9 +38,11 @@ def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 
     """The tensor-core kernel for a prefill linear of this shape, or None where it does not apply
     (f32 weights, or N not a multiple of 64). `split`: f16 hi + lo halves (near-f32 results) or f16
     operands alone (the fast family). `bm`: rows per thread block, 64 (4 warps) or 128 (8 warps).
-    `family` (jitllm.ir.ops) folds a norm before, SwiGLU before or a residual add after the product, as
-    the decode matvecs do (kernels_gpu_gemv.Fold)."""
-    if wtype not in WMMA_FORMATS or n % 64 or k % BK:
+    `family` (jitllm.ir.ops) folds a norm before or a residual add after the product, as the decode
+    matvecs do (kernels_gpu_gemv.Fold); not SwiGLU, which every column tile would recompute (measured
+    on the H200: the 3B shape's down projection 229 -> 448 us at 512 rows, against ~15 us for one
+    elementwise pass): that family gets None."""
+    if wtype not in WMMA_FORMATS or n % 64 or k % BK or family == SWIGLU_LINEAR_ADD:
         return None
     bn = 128 if n % 128 == 0 else 64
     if bm == 128 and bn == 64:
@@ -52,36 +54,33 @@ def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 
 
 
 @T.macro
-def _load_x(x, xv, xu, M, bm, kt, t, BM, NT, K, fold):
-    """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1);
-    with SwiGLU folded, the gate there and the up half (columns K on) into xu."""
+def _load_x(x, xv, nw, gv, M, bm, kt, t, BM, NT, fold):
+    """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1),
+    and with the norm folded its weights for those columns (gv)."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
         src: T.let = T.min(bm * BM + T.Cast("int64", e // (BK // 4)), M - 1)
         for v in T.vectorized(4):
             xv[s * 4 + v] = x[src, kt * BK + e % (BK // 4) * 4 + v]
-        if fold.swiglu:
+        if fold.norm:
             for v in T.vectorized(4):
-                xu[s * 4 + v] = x[src, K + kt * BK + e % (BK // 4) * 4 + v]
+                gv[s * 4 + v] = nw[kt * BK + e % (BK // 4) * 4 + v]
 
 
 @T.macro
-def _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, kt, fold, count):
-    """The registers of _load_x (tile kt) into shared memory as f16 halves hi and lo (hi alone without
-    `split`). Folded ops apply here: SwiGLU combines gate and up; the norm's weight scales each column
-    and, where `count` holds (each tile once), the squares add into the row's sum `ss`."""
+def _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, count):
+    """The registers of _load_x into shared memory as f16 halves hi and lo (hi alone without `split`).
+    With the norm folded, its weight scales each column and, where `count` holds (each tile once), the
+    squares add into the row's sum `ss`."""
     for s in T.unroll(BM * BK // 4 // NT):
         e: T.let = s * NT + t
         at: T.let = e // (BK // 4) * LDA + e % (BK // 4) * 4
         for v in T.serial(4):
-            if fold.swiglu:
-                xf[v] = xv[s * 4 + v] / (T.float32(1) + T.exp(T.float32(0) - xv[s * 4 + v])) * xu[s * 4 + v]
-            else:
-                xf[v] = xv[s * 4 + v]
+            xf[v] = xv[s * 4 + v]
             if fold.norm:
                 if count:
                     ss[s] = ss[s] + xf[v] * xf[v]
-                xf[v] = xf[v] * nw[kt * BK + e % (BK // 4) * 4 + v]
+                xf[v] = xf[v] * gv[s * 4 + v]
             a_hi[at + v] = T.Cast("float16", xf[v])
             if split:
                 a_lo[at + v] = T.Cast("float16", xf[v] - T.Cast("float32", T.Cast("float16", xf[v])))
@@ -179,7 +178,7 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                 fbl = T.alloc_buffer((16, FN * 16), "float16", scope="wmma.matrix_b")
                 acc = T.alloc_buffer((FM * 16, FN * 16), "float32", scope="wmma.accumulator")
                 xv = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # the next tile, in flight
-                xu = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # (its up half: SwiGLU)
+                gv = T.alloc_buffer((BM * BK // NT,), "float32", scope="local")  # (its norm weights)
                 xf = T.alloc_buffer((4,), "float32", scope="local")
                 ss = T.alloc_buffer((BM * BK // 4 // NT,), "float32", scope="local")  # (sums of squares: norm)
                 qv = T.alloc_buffer((BN * BK // NT,), qdtype, scope="local")
@@ -196,15 +195,15 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                         T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
                 for s in T.serial(BM * BK // 4 // NT):
                     ss[s] = T.float32(0)
-                _load_x(x, xv, xu, M, bm, 0, t, BM, NT, K, fold)
+                _load_x(x, xv, nw, gv, M, bm, 0, t, BM, NT, fold)
                 _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt, NT)
-                _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, 0, fold, True)
+                _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, True)
                 _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
                 for kt in T.serial(K // BK):
                     T.tvm_storage_sync("shared")
                     # the next tile's loads are issued before this tile's products (the last tile loads
                     # itself again), so their latency hides behind the tensor cores
-                    _load_x(x, xv, xu, M, bm, T.min(kt + 1, K // BK - 1), t, BM, NT, K, fold)
+                    _load_x(x, xv, nw, gv, M, bm, T.min(kt + 1, K // BK - 1), t, BM, NT, fold)
                     _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt, NT)
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
@@ -238,8 +237,7 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                                 if split and fmt != "f16":
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
-                    _store_x(xv, xu, xf, ss, nw, a_hi, a_lo, t, LDA, split, BM, NT, T.min(kt + 1, K // BK - 1), fold,
-                             kt + 1 < K // BK)
+                    _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, kt + 1 < K // BK)
                     _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
                 if fold.norm:  # each row's sum of squares is spread over 8 lanes: 1/RMS into c_s after the tiles
                     for s in T.serial(BM * BK // 4 // NT):
@@ -271,22 +269,20 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
 
 
 def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, NT: int, fold: Fold) -> tvm.tirx.PrimFunc:
-    """One signature for every format and fold: x ([M, 2K], gate then up, with SwiGLU), the norm weight
-    nw, the quants (or f16 weights) q, scales d, minimums mn, the residual res, y; formats without
-    scales (f16) or minimums (all but Q4_1) and folds without a norm or a residual drop those."""
+    """One signature for every format and fold: x, the norm weight nw, the quants (or f16 weights) q,
+    scales d, minimums mn, the residual res, y; formats without scales (f16) or minimums (all but
+    Q4_1) and folds without a norm or a residual drop those."""
     G, NB = N // R, K // QUANT_BLOCK
     qshape, qdtype = {"f16": ((G, K, R), "float16"), "q8_0": ((G, NB, 32, R), "int8"),
                       "q4_0": ((G, NB, 16, R), "uint8"), "q4_1": ((G, NB, 16, R), "uint8")}[wtype]
     tile = (BM, NT, BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
-
-    XK = 2 * K if fold.swiglu else K
 
     @T.prim_func
     def f(x_h: T.handle, nw: T.Buffer((K,), "float32"), q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
           mn: T.Buffer((G, NB, R), "float16"), res_h: T.handle, y_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         M = T.int64()
-        x = T.match_buffer(x_h, (M, XK), "float32")
+        x = T.match_buffer(x_h, (M, K), "float32")
         res = T.match_buffer(res_h, (M, N), "float32")
         y = T.match_buffer(y_h, (M, N), "float32")
         _body(x, nw, q, d, mn, res, y, M, N, K, *tile, wtype, qdtype, split, fold)

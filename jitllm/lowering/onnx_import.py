@@ -81,9 +81,29 @@ def _plain_linear(bb, target, wtype: str, x: relax.Expr, parts: list[relax.Expr]
     return bb.emit(relax.op.reshape(y, [*lead, n]))
 
 
+def _prefill_linear(bb, target, family: str, wtype: str, x: relax.Expr, extras: list, parts: list, n: int,
+                    eps: float) -> relax.Expr | None:
+    """The target's folded kernel over any number of rows (`prefill_linear_kernel`), with x and the
+    residual as [M, ...] matrices; None where the target has none for this family and shape."""
+    lead, m = _rows(x)
+    k = int(x.ty.shape.values[-1])
+    found = target.prefill_linear_kernel(family, wtype, n, k, eps) \
+        if not isinstance(m, int) and hasattr(target, "prefill_linear_kernel") else None
+    if found is None:
+        return None
+    x2 = bb.emit(relax.op.reshape(x, [m, k]))
+    if family == NORM_LINEAR:
+        args = [x2, extras[0], *parts]
+    else:
+        args = [x2, *parts, *[bb.emit(relax.op.reshape(e, [m, n])) for e in extras]]
+    y = bb.emit(relax.call_tir(_add_kernel(bb, *found), args, relax.TensorType([m, n], "float32")))
+    return relax.op.reshape(y, [*lead, n])
+
+
 def _linear_converter(family: str, wtype: str, target):
-    """A linear-family op: one folded kernel where the target has them (one-row decode steps), else the
-    family's elementwise ops around the target's plain linear kernel."""
+    """A linear-family op: one folded kernel where the target has them (one-row decode steps; any row
+    count where it has prefill ones), else the family's elementwise ops before the target's plain
+    linear kernel (or its folded residual add) and after it."""
     def linear(bb, inputs, attr, params):
         x, *rest = [bb.normalize(i) for i in inputs]
         extra = len(EXTRA_INPUTS[family])
@@ -96,16 +116,8 @@ def _linear_converter(family: str, wtype: str, target):
             symbol, func = target.folded_linear_kernel(family, wtype, n, k, eps)
             args = [x, extras[0], *parts] if family == NORM_LINEAR else [x, *parts, *extras]
             return relax.op.reshape(_call_kernel(bb, symbol, func, args), [*lead, n])
-        found = target.prefill_linear_kernel(family, wtype, n, k, eps) \
-            if family != LINEAR and not isinstance(m, int) and hasattr(target, "prefill_linear_kernel") else None
-        if found is not None:  # any number of rows, as [M, ...] matrices
-            x2 = bb.emit(relax.op.reshape(x, [m, int(x.ty.shape.values[-1])]))
-            if family == NORM_LINEAR:
-                args = [x2, extras[0], *parts]
-            else:
-                args = [x2, *parts, *[bb.emit(relax.op.reshape(e, [m, n])) for e in extras]]
-            y = bb.emit(relax.call_tir(_add_kernel(bb, *found), args, relax.TensorType([m, n], "float32")))
-            return relax.op.reshape(y, [*lead, n])
+        if family != LINEAR and (y := _prefill_linear(bb, target, family, wtype, x, extras, parts, n, eps)) is not None:
+            return y
         if family == NORM_LINEAR:
             mean = bb.emit(relax.op.mean(relax.op.multiply(x, x), axis=[-1], keepdims=True))
             inv = bb.emit(relax.op.rsqrt(relax.op.add(mean, relax.const(eps, "float32"))))
@@ -114,6 +126,8 @@ def _linear_converter(family: str, wtype: str, target):
             halves = bb.emit(relax.op.split(x, 2, axis=-1))
             gate, up = bb.emit(relax.TupleGetItem(halves, 0)), bb.emit(relax.TupleGetItem(halves, 1))
             x = bb.emit(relax.op.multiply(relax.op.multiply(gate, relax.op.sigmoid(gate)), up))
+            if (y := _prefill_linear(bb, target, LINEAR_ADD, wtype, x, extras, parts, n, eps)) is not None:
+                return y
         y = _plain_linear(bb, target, wtype, x, parts)
         return relax.op.add(y, extras[0]) if family in (LINEAR_ADD, SWIGLU_LINEAR_ADD) else y
 

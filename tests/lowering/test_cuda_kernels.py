@@ -22,6 +22,19 @@ def test_prefill_linears_take_tensor_cores_where_the_shape_and_arch_allow():
     assert CudaTarget("sm_90a").linear_kernel("f16", 128, 64)[0].startswith("jl_gpu_mma")
 
 
+def test_prefill_linears_fold_the_norm_and_the_residual_add_but_not_swiglu():
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+
+    for target in (CudaTarget("sm_90", "fast"), CudaTarget("sm_90", "exact")):
+        symbol, func = target.prefill_linear_kernel(NORM_LINEAR, "q4_0", 256, 128, 1e-5)
+        assert "rmsnormlinear_eps" in symbol and [p.name for p in func.params] == ["x", "nw", "q", "d", "y"]
+        symbol, func = target.prefill_linear_kernel(LINEAR_ADD, "f16", 256, 128)
+        assert symbol.endswith("_linearadd") and [p.name for p in func.params] == ["x", "q", "res", "y"]
+        assert target.prefill_linear_kernel(SWIGLU_LINEAR_ADD, "f16", 256, 128) is None  # SwiGLU stays a pass of its own
+    assert "_m128" in CudaTarget("sm_90", "fast").prefill_linear_kernel(NORM_LINEAR, "q4_0", 16384, 128, 1e-5)[0]
+    assert CudaTarget("sm_61", "fast").prefill_linear_kernel(LINEAR_ADD, "f16", 256, 128) is None  # no WMMA
+
+
 def test_bad_arch_is_a_clear_error():
     for arch in ("sm_", "sm_x9", "compute_90", "90"):
         with pytest.raises(JitllmError, match="bad CUDA arch"):

@@ -1,5 +1,6 @@
 """Where a decode step's time goes on the GPU: per-kernel times of one block's decode program (TVM VM
-instrument, synchronized around each call) and the host time of a whole step. Run on the GPU machine: python3 bench/gpu_profile.py -preset llama-3.2-3b -wtype f16"""
+instrument, synchronized around each call) and the host time of a whole step; with -prefill N, one
+block's prefill calls and a whole prefill forward (timed, then under cProfile). Run on the GPU machine: python3 bench/gpu_profile.py -preset llama-3.2-3b -wtype f16"""
 
 from __future__ import annotations
 
@@ -120,6 +121,36 @@ def main() -> None:
         print(f"prefill of {n} tokens, one block:")
         _per_call(vm, call, instrument, spent)
         ex.close_session(prompt)
+        program = unit.program_for(n)
+        program.main(*call)
+        dev.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            program.main(*call)
+        dev.synchronize()
+        print(f"one block's prefill main(): {1e6 * (time.perf_counter() - start) / 10:.1f} us (async launches + sync)")
+        _profile_forward(ex, n, rng)
+
+
+def _profile_forward(ex, n: int, rng) -> None:
+    """A whole prefill forward of n tokens in a new session, timed, then again under cProfile: where the
+    host spends it (time inside a download is time waiting for the GPU)."""
+    import cProfile
+    import pstats
+
+    prompt = [int(t) for t in rng.integers(4, 259, n)]
+    for profiled in (False, True):
+        session = ex.new_session()
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        if profiled:
+            profiler.enable()
+        ex.forward(session, prompt)
+        profiler.disable()
+        print(f"prefill forward of {n} tokens{' under cProfile' if profiled else ''}: "
+              f"{1e3 * (time.perf_counter() - start):.2f} ms")
+        ex.close_session(session)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
 def _per_call(vm, call: tuple, instrument, spent: dict[str, list[float]]) -> None:

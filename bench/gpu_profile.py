@@ -73,15 +73,7 @@ def main() -> None:
     sin = dev.upload(ex._sin[past:past + 1][None])
     past_t = dev.upload(np.array([past], np.int32))
     call = (x, cos, sin, ex.pools[dev.name].pages, table.tensor(), past_t, *unit.weights)
-    program = unit.program_for(1)
-    for _ in range(3):
-        program.main(*call)
-    dev.synchronize()
-    start = time.perf_counter()
-    for _ in range(20):
-        program.main(*call)
-    dev.synchronize()
-    print(f"one block main(): {1e6 * (time.perf_counter() - start) / 20:.1f} us (async launches + sync)")
+    print(f"one block main(): {_time_main(dev, unit.program_for(1), call, 20):.1f} us (async launches + sync)")
     _per_call(vm, call, instrument, spent)
     kernels: list[tuple[str, object, tuple]] = []
 
@@ -121,15 +113,21 @@ def main() -> None:
         print(f"prefill of {n} tokens, one block:")
         _per_call(vm, call, instrument, spent)
         ex.close_session(prompt)
-        program = unit.program_for(n)
-        program.main(*call)
-        dev.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            program.main(*call)
-        dev.synchronize()
-        print(f"one block's prefill main(): {1e6 * (time.perf_counter() - start) / 10:.1f} us (async launches + sync)")
+        print(f"one block's prefill main(): {_time_main(dev, unit.program_for(n), call, 10):.1f} us "
+              "(async launches + sync)")
         _profile_forward(ex, n, rng)
+
+
+def _time_main(dev, program, call: tuple, reps: int) -> float:
+    """µs per call of a block program's main, launched `reps` times back to back after warm-up calls."""
+    for _ in range(3):
+        program.main(*call)
+    dev.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        program.main(*call)
+    dev.synchronize()
+    return 1e6 * (time.perf_counter() - start) / reps
 
 
 def _profile_forward(ex, n: int, rng) -> None:

@@ -51,8 +51,9 @@ class CudaTarget:
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 
     fold_prefill = True
-    """Prefill kinds fold norms, SwiGLU and residual adds into the tensor-core linears and take one
-    rotary kernel (prefill_linear_kernel, rotary_kernel), as decode variants do (BlockKind.folded)."""
+    """Prefill kinds take the folded ops as decode variants do (BlockKind.folded): norms and residual adds
+    inside the tensor-core linears, one rotary kernel (prefill_linear_kernel, rotary_kernel); SwiGLU
+    stays one elementwise pass."""
 
     decode_appends_kv = True
     """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's
@@ -70,9 +71,9 @@ class CudaTarget:
         return mma or linear_kernel(wtype, n, k, rows)
 
     def prefill_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
-        """A linear over any number of rows with its norm / SwiGLU / residual add folded (jitllm.ir.ops)
-        on tensor cores (sm_70 on, shapes kernels_gpu_mma takes), else None. The fast family runs the
-        wide gate/up projections 128 rows per thread block."""
+        """A linear over any number of rows with its norm or residual add folded (jitllm.ir.ops) on
+        tensor cores (sm_70 on, shapes and families kernels_gpu_mma takes), else None. The fast family
+        runs the wide gate/up projections 128 rows per thread block."""
         from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
 
         if self.compute_capability < 70:

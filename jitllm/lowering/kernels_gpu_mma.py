@@ -10,10 +10,14 @@ hi·lo taken (the lo·lo term is below f32 rounding). The fast kernel family (`s
 f16(x) times f16(w) alone, one product instead of two or three: relative error ~2e-4, as
 llama.cpp's f16 GEMMs have, far below the int8 activations of the fast decode matvecs.
 
-One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each WM x BN/2); per BK = 32 step
-(one quantization block) x's rows and the weights' columns sit in shared memory as f16 while each warp
-runs its fragments, and the next step's values are already on their way into registers. Rows past M
-read row M - 1 and are not stored.
+One thread block computes a BM x BN tile of y with BM / 16 warps (BM / 32 x 2, each WM x BN/2; BM 64
+or 128); per BK = 32 step (one quantization block) x's rows and the weights' columns sit in shared
+memory as f16 while each warp runs its fragments, and the next step's values are already on their way
+into registers. Rows past M read row M - 1 and are not stored.
+
+Folded ops (kernels_gpu_gemv.Fold, as the decode matvecs fold them): an RMS norm before the product
+(its weight scales x as x is staged, each row's sum of squares accumulates from the same loads, and
+1/RMS scales the finished row, the product being linear) and a residual add as rows are stored.
 """
 
 from __future__ import annotations

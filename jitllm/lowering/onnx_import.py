@@ -135,7 +135,8 @@ def _linear_converter(family: str, wtype: str, target):
 
 
 def _rotary_converter(kind: BlockKind, target):
-    """RotaryQKV: the target's kernel for one token where it has one, else reshapes, slices and products."""
+    """RotaryQKV: the target's kernel where it has one (any number of tokens), else reshapes, slices and
+    products."""
     c = kind.config
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
 

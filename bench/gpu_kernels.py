@@ -10,7 +10,7 @@ float64 numpy and timed on the GPU.
 `build` compiles, for the benchmark shapes (the 3B shape's fused Q/K/V, O, gate/up and down matrices;
 SmolLM2's Q/K/V and down; every weight format the tensor-core kernel takes), one module per linear
 holding `mma` (jitllm's prefill kernel), `mma_f16` (the fast family's: f16 operands alone), `mma_f16_m128`
-(the same with 128-row tiles and 8 warps) and `simt`
+(the same with 128-row tiles, each warp 64 x 64) and `simt`
 (the dlight-scheduled f32 kernel, the stop 11 path),
 and one module per attention shape holding `attention` and `attention_mma`, and one module per decode matvec (the 3B and SmolLM2 shapes with the
 ops a decode step folds into them) holding `exact` and `int8_g<RG>`. `run` prints, per kernel and row

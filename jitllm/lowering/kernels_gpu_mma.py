@@ -10,8 +10,8 @@ hi·lo taken (the lo·lo term is below f32 rounding). The fast kernel family (`s
 f16(x) times f16(w) alone, one product instead of two or three: relative error ~2e-4, as
 llama.cpp's f16 GEMMs have, far below the int8 activations of the fast decode matvecs.
 
-One thread block computes a BM x BN tile of y with BM / 16 warps (BM / 32 x 2, each WM x BN/2; BM 64
-or 128); per BK = 32 step (one quantization block) x's rows and the weights' columns sit in shared
+One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each BM/2 x BN/2; BM 64 or 128,
+the larger for wide projections, where the fewer loads per product measured 7-17% faster); per BK = 32 step (one quantization block) x's rows and the weights' columns sit in shared
 memory as f16 while each warp runs its fragments, and the next step's values are already on their way
 into registers. Rows past M read row M - 1 and are not stored.
 
@@ -32,7 +32,8 @@ from jitllm.lowering.kernels_gpu_gemv import Fold
 from jitllm.lowering.kernels_gpu_gemv_int8 import _shfl_xor
 
 R = ROW_GROUP
-BK, WM = QUANT_BLOCK, 32
+BK = QUANT_BLOCK
+NT = 128  # 4 warps, 2 x 2
 PAD = 8  # halves of padding per shared-memory row (keeps WMMA loads off one bank)
 WMMA_FORMATS = ("f16", "q8_0", "q4_0", "q4_1")
 
@@ -41,7 +42,8 @@ def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 
                       eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc] | None:
     """The tensor-core kernel for a prefill linear of this shape, or None where it does not apply
     (f32 weights, or N not a multiple of 64). `split`: f16 hi + lo halves (near-f32 results) or f16
-    operands alone (the fast family). `bm`: rows per thread block, 64 (4 warps) or 128 (8 warps).
+    operands alone (the fast family). `bm`: rows per thread block, 64 or 128 (each warp's tile 32 or 64
+    rows by BN / 2 columns).
     `family` (jitllm.ir.ops) folds a norm before or a residual add after the product, as the decode
     matvecs do (kernels_gpu_gemv.Fold); not SwiGLU, which every column tile would recompute (measured
     on the H200: the 3B shape's down projection 229 -> 448 us at 512 rows, against ~15 us for one
@@ -49,16 +51,14 @@ def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 
     if wtype not in WMMA_FORMATS or n % 64 or k % BK or family == SWIGLU_LINEAR_ADD:
         return None
     bn = 128 if n % 128 == 0 else 64
-    if bm == 128 and bn == 64:
-        bm = 64  # 8 warps over 64 columns leave Q4 items for half the threads
     fold = Fold.of(family, eps)
     symbol = f"jl_gpu_mma_linear_{wtype}_{n}x{k}" + ("" if split else "_f16") + ("" if bm == 64 else f"_m{bm}") \
         + fold.suffix(family)
-    return symbol, _kernel(wtype, n, k, bn, split, bm, bm * 2, fold).with_attr("global_symbol", symbol)
+    return symbol, _kernel(wtype, n, k, bn, split, bm, fold).with_attr("global_symbol", symbol)
 
 
 @T.macro
-def _load_x(x, xv, nw, gv, M, bm, kt, t, BM, NT, fold):
+def _load_x(x, xv, nw, gv, M, bm, kt, t, BM, fold):
     """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1),
     and with the norm folded its weights for those columns (gv)."""
     for s in T.unroll(BM * BK // 4 // NT):
@@ -72,7 +72,7 @@ def _load_x(x, xv, nw, gv, M, bm, kt, t, BM, NT, fold):
 
 
 @T.macro
-def _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, count):
+def _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, count):
     """The registers of _load_x into shared memory as f16 halves hi and lo (hi alone without `split`).
     With the norm folded, its weight scales each column and, where `count` holds (each tile once), the
     squares add into the row's sum `ss`."""
@@ -91,7 +91,7 @@ def _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, count):
 
 
 @T.macro
-def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt, NT):
+def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt):
     """Columns bn*BN : +BN of W for k in kt*BK : +BK into registers: per item, one row group's 8 values
     (or quants) and, for quantized formats, their scales (and minimums)."""
     if fmt == "f16" or fmt == "q8_0":
@@ -134,7 +134,7 @@ def _split_store(b_hi, b_lo, wv, hv, lv, at, split):
 
 
 @T.macro
-def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT):
+def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split):
     """The registers of _load_w into shared memory as b[k, n] (n contiguous); dequantized weights are
     split into f16 halves hi and lo."""
     if fmt == "f16":
@@ -163,7 +163,7 @@ def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT):
 
 
 @T.macro
-def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fmt, qdtype, split, fold):
+def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fmt, qdtype, split, fold):
     """LDA, LDB: shared row lengths of x's and W's tiles; WN: a warp's columns; FM x FN: its fragments."""
     for bn in T.thread_binding(N // BN, thread="blockIdx.x"):
         for bm in T.thread_binding((M + BM - 1) // BM, thread="blockIdx.y"):
@@ -192,23 +192,23 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                 hv = T.alloc_buffer((R,), "float16", scope="local")
                 lv = T.alloc_buffer((R,), "float16", scope="local")
                 warp: T.let = t // 32
-                wm: T.let = warp // 2  # warps: NT // 64 rows of WM x 2 columns of WN
+                wm: T.let = warp // 2
                 wn: T.let = warp % 2
                 for i in T.serial(FM):
                     for j in T.serial(FN):
                         T.evaluate(T.tvm_fill_fragment(acc.data, 16, 16, 16, i * FN + j, T.float32(0)))
                 for s in T.serial(BM * BK // 4 // NT):
                     ss[s] = T.float32(0)
-                _load_x(x, xv, nw, gv, M, bm, 0, t, BM, NT, fold)
-                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt, NT)
-                _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, True)
-                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
+                _load_x(x, xv, nw, gv, M, bm, 0, t, BM, fold)
+                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt)
+                _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, True)
+                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
                 for kt in T.serial(K // BK):
                     T.tvm_storage_sync("shared")
                     # the next tile's loads are issued before this tile's products (the last tile loads
                     # itself again), so their latency hides behind the tensor cores
-                    _load_x(x, xv, nw, gv, M, bm, T.min(kt + 1, K // BK - 1), t, BM, NT, fold)
-                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt, NT)
+                    _load_x(x, xv, nw, gv, M, bm, T.min(kt + 1, K // BK - 1), t, BM, fold)
+                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt)
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
                             a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
@@ -241,8 +241,8 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                                 if split and fmt != "f16":
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
-                    _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, NT, fold, kt + 1 < K // BK)
-                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split, NT)
+                    _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, kt + 1 < K // BK)
+                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
                 if fold.norm:  # each row's sum of squares is spread over 8 lanes: 1/RMS into c_s after the tiles
                     for s in T.serial(BM * BK // 4 // NT):
                         for lanes in T.unroll(3):
@@ -272,14 +272,14 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, NT, BN, LDA, LDB, WN, FM, FN, fm
                                     y[row, col] = c_s[warp * 256 + e]
 
 
-def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, NT: int, fold: Fold) -> tvm.tirx.PrimFunc:
+def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, fold: Fold) -> tvm.tirx.PrimFunc:
     """One signature for every format and fold: x, the norm weight nw, the quants (or f16 weights) q,
     scales d, minimums mn, the residual res, y; formats without scales (f16) or minimums (all but
     Q4_1) and folds without a norm or a residual drop those."""
     G, NB = N // R, K // QUANT_BLOCK
     qshape, qdtype = {"f16": ((G, K, R), "float16"), "q8_0": ((G, NB, 32, R), "int8"),
                       "q4_0": ((G, NB, 16, R), "uint8"), "q4_1": ((G, NB, 16, R), "uint8")}[wtype]
-    tile = (BM, NT, BN, BK + PAD, BN + PAD, BN // 2, WM // 16, BN // 2 // 16)  # (macro arguments: constants here)
+    tile = (BM, BN, BK + PAD, BN + PAD, BM // 2, BN // 2, BM // 32, BN // 32)  # (macro arguments: constants here)
 
     @T.prim_func
     def f(x_h: T.handle, nw: T.Buffer((K,), "float32"), q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),

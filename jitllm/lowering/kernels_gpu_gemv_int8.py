@@ -66,7 +66,8 @@ def _dp4a(a, b, c):
     return T.call_pure_extern("int32", "__dp4a", a, b, c)
 
 
-def _shfl_xor(value, lanes: int, dtype: str = "float32"):
+def shfl_xor(value, lanes: int, dtype: str = "float32"):
+    """`value` from the lane whose index differs from this one's in the bits of `lanes` (whole warp)."""
     return T.call_extern(dtype, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), value, lanes, 32)
 
 
@@ -90,15 +91,15 @@ def _quantize_chunk(v, u, nl, qi, x, nw, xq, xd, xs, ss, ch, valid, K, fold, q4)
             ss[0] = ss[0] + T.if_then_else(valid, v[c] * v[c], T.float32(0))
             v[c] = v[c] * nl[c]
     m0: T.let = T.max(T.max(T.abs(v[0]), T.abs(v[1])), T.max(T.abs(v[2]), T.abs(v[3])))
-    m1: T.let = T.max(m0, _shfl_xor(m0, 1))
-    m2: T.let = T.max(m1, _shfl_xor(m1, 2))
-    amax: T.let = T.max(m2, _shfl_xor(m2, 4))
+    m1: T.let = T.max(m0, shfl_xor(m0, 1))
+    m2: T.let = T.max(m1, shfl_xor(m1, 2))
+    amax: T.let = T.max(m2, shfl_xor(m2, 4))
     inv: T.let = T.if_then_else(amax > T.float32(0), T.float32(127) / amax, T.float32(0))
     for c in T.unroll(4):
         qi[c] = T.Cast("int32", T.nearbyint(v[c] * inv))
     if q4:
         part: T.let = qi[0] + qi[1] + qi[2] + qi[3]
-        pair: T.let = part + _shfl_xor(part, 4, "int32")
+        pair: T.let = part + shfl_xor(part, 4, "int32")
         if valid and ch % 8 < 4:
             xs[ch // 8 * 4 + ch % 8] = pair
     if valid:
@@ -219,7 +220,7 @@ def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold):
                                     it * NT + t < CHUNKS, K, fold, q4)
                 if fold.norm:  # the sum of squares: over the warp by shuffles, then over the warps
                     for m in T.unroll(5):
-                        ss[0] = ss[0] + _shfl_xor(ss[0], 16 >> m)
+                        ss[0] = ss[0] + shfl_xor(ss[0], 16 >> m)
                     if t % 32 == 0:
                         sq[t // 32] = ss[0]
                 T.tvm_storage_sync("shared")

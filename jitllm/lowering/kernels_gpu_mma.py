@@ -29,7 +29,7 @@ from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold
-from jitllm.lowering.kernels_gpu_gemv_int8 import _shfl_xor
+from jitllm.lowering.kernels_gpu_gemv_int8 import shfl_xor
 
 R = ROW_GROUP
 BK = QUANT_BLOCK
@@ -246,7 +246,7 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                 if fold.norm:  # each row's sum of squares is spread over 8 lanes: 1/RMS into c_s after the tiles
                     for s in T.serial(BM * BK // 4 // NT):
                         for lanes in T.unroll(3):
-                            ss[s] = ss[s] + _shfl_xor(ss[s], 1 << lanes)
+                            ss[s] = ss[s] + shfl_xor(ss[s], 1 << lanes)
                         if t % (BK // 4) == 0:
                             c_s[NT // 32 * 256 + (s * NT + t) // (BK // 4)] = T.rsqrt(ss[s] / T.float32(K) + T.float32(fold.eps))
                     T.tvm_storage_sync("shared")

@@ -20,9 +20,9 @@ from jitllm.ir.config import BlockKind
 from jitllm.ir.llama import kind_for_target
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
-from jitllm.quant import dequantize_rows
-from jitllm.runtime.devices.base import Device, to_device
+from jitllm.runtime.devices.base import Device, last_positions, to_device
 from jitllm.runtime.devices.host import HOST as HOST_NAME
+from jitllm.runtime.embedding import TokenEmbedding
 from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
@@ -91,7 +91,7 @@ class Executor:
         cfg = layout.config
         self._cos, self._sin = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
         embd_parts = {n.split(".", 1)[1]: model.tensor(n) for n in model.tensors if n.startswith("token_embd.")}
-        self._embedding = (layout.embedding_type, embd_parts)
+        self._embedding = TokenEmbedding(layout.embedding_type, embd_parts, cfg.hidden)
         self.blocks = [self._load_unit(i, placement[i]) for i in range(cfg.num_blocks)]
         self.head = self._load_unit(HEAD, placement[HEAD])
         self._session_ids = itertools.count()
@@ -209,8 +209,7 @@ class Executor:
         session.tokens = []
 
     def embed(self, ids: list[int]) -> np.ndarray:
-        wtype, parts = self._embedding
-        return dequantize_rows(wtype, parts, np.asarray(ids))
+        return self._embedding.lookup(ids)
 
     def forward(self, session: Session, ids: list[int]) -> np.ndarray:
         """Run `ids` (appended after the session's history) through every block; logits of the last one."""
@@ -274,7 +273,7 @@ class Executor:
         if segment.head is None:
             return h
         if n > 1:
-            h = segment.device.upload(h.numpy()[:, -1:])
+            h = last_positions(h)
         logits = call(segment.head.program_for(1).main, h, *segment.head.weights)
         if step.staging is not None:
             call(step.download, logits)

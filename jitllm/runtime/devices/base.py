@@ -97,3 +97,15 @@ def to_device(tensor: tvm.runtime.Tensor, device: Device) -> tvm.runtime.Tensor:
     if tensor.device == device.tvm_device:
         return tensor
     return device.with_room(lambda: tensor.copyto(device.tvm_device))
+
+
+def last_positions(hidden: tvm.runtime.Tensor) -> tvm.runtime.Tensor:
+    """[B, 1, D]: each sequence's last row of a float32 [B, S, D] hidden state, copied on its own device
+    (a prefill's whole hidden state never crosses to the host; kernels take no offset views)."""
+    batch, seq, width = (int(v) for v in hidden.shape)
+    out = tvm.runtime.empty((batch, 1, width), "float32", hidden.device)
+    row = width * 4
+    for b in range(batch):
+        source = hidden._create_view((1, 1, width), "float32", (b * seq + seq - 1) * row)
+        (out if batch == 1 else out._create_view((1, 1, width), "float32", b * row)).copyfrom(source)
+    return out

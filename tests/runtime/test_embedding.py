@@ -1,0 +1,32 @@
+"""Host-side pieces of a prefill: the token embedding lookup (threaded for long prompts) and the
+last-position slice of the hidden state made on its own device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from jitllm.quant import dequantize_rows, parts_from_float
+from jitllm.runtime.devices.base import last_positions
+from jitllm.runtime.embedding import ROWS_PER_THREAD, TokenEmbedding
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q4_1", "q8_0"])
+def test_lookup_matches_one_dequantization_at_every_length(wtype):
+    rng = np.random.default_rng(3)
+    parts = parts_from_float(wtype, rng.standard_normal((320, 64)).astype(np.float32))
+    table = TokenEmbedding(wtype, parts, 64)
+    table._threads = 4  # split even on a machine with fewer cores
+    for n in (1, ROWS_PER_THREAD - 1, 2 * ROWS_PER_THREAD, 5 * ROWS_PER_THREAD + 7):
+        ids = rng.integers(0, 320, n).tolist()
+        got = table.lookup(ids)
+        assert got.dtype == np.float32 and got.shape == (n, 64)
+        assert np.array_equal(got, dequantize_rows(wtype, parts, np.asarray(ids)))
+
+
+def test_last_positions_copies_each_sequences_last_row():
+    hidden = np.random.default_rng(4).standard_normal((3, 5, 7)).astype(np.float32)
+    for batch in (1, 3):
+        got = last_positions(tvm.runtime.tensor(hidden[:batch], tvm.cpu()))
+        assert np.array_equal(got.numpy(), hidden[:batch, -1:])

@@ -9,16 +9,17 @@ import tvm
 
 from jitllm.quant import dequantize_rows, parts_from_float
 from jitllm.runtime.devices.base import last_positions
-from jitllm.runtime.embedding import ROWS_PER_THREAD, TokenEmbedding
+from jitllm.runtime.embedding import VALUES_PER_THREAD, TokenEmbedding
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q4_1", "q8_0"])
 def test_lookup_matches_one_dequantization_at_every_length(wtype):
     rng = np.random.default_rng(3)
-    parts = parts_from_float(wtype, rng.standard_normal((320, 64)).astype(np.float32))
+    parts = parts_from_float(wtype, rng.standard_normal((320, 64)).astype(np.float32))  # ids repeat: fine
     table = TokenEmbedding(wtype, parts, 64)
     table._threads = 4  # split even on a machine with fewer cores
-    for n in (1, ROWS_PER_THREAD - 1, 2 * ROWS_PER_THREAD, 5 * ROWS_PER_THREAD + 7):
+    rows_per_thread = VALUES_PER_THREAD // 64
+    for n in (1, rows_per_thread - 1, 2 * rows_per_thread, 5 * rows_per_thread + 7):
         ids = rng.integers(0, 320, n).tolist()
         got = table.lookup(ids)
         assert got.dtype == np.float32 and got.shape == (n, 64)

@@ -21,6 +21,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.kernels_gpu_gemv_int8 import shfl_xor
+from jitllm.lowering.kernels_gpu_mma import wmma_load, wmma_store
 
 NT = 128  # 4 warps
 BQ, BKV = 64, 32  # queries per thread block, keys per step
@@ -120,10 +121,7 @@ def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                             "float16", q[b, T.min(s0 + qr, S - 1), h, e % (D // 4) * 4 + x] * T.float32(scale))
                 T.tvm_storage_sync("shared")
                 for dd in T.unroll(FD):
-                    T.evaluate(T.tvm_load_matrix_sync(
-                        fq.data, 16, 16, 16, dd,
-                        T.tvm_access_ptr(T.type_annotation("float16"), kv_s.data, warp * 16 * LD + dd * 16,
-                                         16 * LD, 1), LD, "row_major"))
+                    T.evaluate(wmma_load(fq, dd, kv_s, warp * 16 * LD + dd * 16, LD))
                     T.evaluate(T.tvm_fill_fragment(fo.data, 16, 16, 16, dd, T.float32(0)))
                 st[0] = T.float32(-3.0e38)
                 st[1] = T.float32(0)
@@ -147,15 +145,9 @@ def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         for j in T.unroll(FK):
                             T.evaluate(T.tvm_fill_fragment(fs.data, 16, 16, 16, j, T.float32(0)))
                             for dd in T.unroll(FD):
-                                T.evaluate(T.tvm_load_matrix_sync(
-                                    fk.data, 16, 16, 16, 0,
-                                    T.tvm_access_ptr(T.type_annotation("float16"), kv_s.data, j * 16 * LD + dd * 16,
-                                                     16 * LD, 1), LD, "col_major"))
+                                T.evaluate(wmma_load(fk, 0, kv_s, j * 16 * LD + dd * 16, LD, "col_major"))
                                 T.evaluate(T.tvm_mma_sync(fs.data, j, fq.data, dd, fk.data, 0, fs.data, j))
-                            T.evaluate(T.tvm_store_matrix_sync(
-                                fs.data, 16, 16, 16, j,
-                                T.tvm_access_ptr(T.type_annotation("float32"), s_s.data, warp * 16 * LS + j * 16,
-                                                 16 * LS, 2), LS, "row_major"))
+                            T.evaluate(wmma_store(fs, j, s_s, warp * 16 * LS + j * 16, LS))
                         T.tvm_storage_sync("shared")
                         if phase == 0:  # this lane's half of the row: running max st[0] and sum st[1]
                             st[2] = st[0]
@@ -176,16 +168,10 @@ def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                                     k0 + kc <= last, T.exp(s_s[row * LS + kc] - st[0]) * st[3], T.float32(0)))
                             T.tvm_storage_sync("shared")
                             for j in T.unroll(FK):
-                                T.evaluate(T.tvm_load_matrix_sync(
-                                    fp.data, 16, 16, 16, j,
-                                    T.tvm_access_ptr(T.type_annotation("float16"), p_s.data, warp * 16 * LP + j * 16,
-                                                     16 * LP, 1), LP, "row_major"))
+                                T.evaluate(wmma_load(fp, j, p_s, warp * 16 * LP + j * 16, LP))
                             for dd in T.unroll(FD):
                                 for j in T.unroll(FK):
-                                    T.evaluate(T.tvm_load_matrix_sync(
-                                        fv.data, 16, 16, 16, 0,
-                                        T.tvm_access_ptr(T.type_annotation("float16"), kv_s.data,
-                                                         (BKV + j * 16) * LD + dd * 16, 16 * LD, 1), LD, "row_major"))
+                                    T.evaluate(wmma_load(fv, 0, kv_s, (BKV + j * 16) * LD + dd * 16, LD))
                                     T.evaluate(T.tvm_mma_sync(fo.data, dd, fp.data, j, fv.data, 0, fo.data, dd))
                     if phase == 0:  # the two halves of each row merged: both lanes hold the row's max and 1/sum
                         st[2] = T.max(st[0], shfl_xor(st[0], 16))
@@ -194,10 +180,7 @@ def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[0] = st[2]
                 T.tvm_storage_sync("shared")
                 for dd in T.serial(FD):
-                    T.evaluate(T.tvm_store_matrix_sync(
-                        fo.data, 16, 16, 16, dd,
-                        T.tvm_access_ptr(T.type_annotation("float32"), s_s.data, warp * 16 * LS, 16 * LS, 2),
-                        LS, "row_major"))
+                    T.evaluate(wmma_store(fo, dd, s_s, warp * 16 * LS, LS))
                     T.tvm_storage_sync("shared")
                     for i in T.unroll(8):
                         e: T.let = i * 32 + lane

@@ -57,6 +57,21 @@ def mma_linear_kernel(wtype: str, n: int, k: int, split: bool = True, bm: int = 
     return symbol, _kernel(wtype, n, k, bn, split, bm, fold).with_attr("global_symbol", symbol)
 
 
+def wmma_load(frag, index, buf, at, ld: int, layout: str = "row_major"):
+    """Load fragment `index` of `frag` (16 x 16) from the f16 shared buffer `buf`, element `at` on, rows
+    `ld` elements apart."""
+    return T.tvm_load_matrix_sync(frag.data, 16, 16, 16, index,
+                                  T.tvm_access_ptr(T.type_annotation("float16"), buf.data, at, 16 * ld, 1), ld, layout)
+
+
+def wmma_store(frag, index, buf, at, ld: int):
+    """Store accumulator fragment `index` of `frag` into the f32 shared buffer `buf`, element `at` on, rows
+    `ld` elements apart."""
+    return T.tvm_store_matrix_sync(frag.data, 16, 16, 16, index,
+                                   T.tvm_access_ptr(T.type_annotation("float32"), buf.data, at, 16 * ld, 2), ld,
+                                   "row_major")
+
+
 @T.macro
 def _load_x(x, xv, nw, gv, M, bm, kt, t, BM, fold):
     """x[bm*BM : +BM, kt*BK : +BK] into registers, four floats per thread per item (rows past M: M - 1),
@@ -212,26 +227,14 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
                             a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
-                            T.evaluate(T.tvm_load_matrix_sync(
-                                fa.data, 16, 16, 16, i,
-                                T.tvm_access_ptr(T.type_annotation("float16"), a_hi.data, a_at, 16 * LDA, 1),
-                                LDA, "row_major"))
+                            T.evaluate(wmma_load(fa, i, a_hi, a_at, LDA))
                             if split:
-                                T.evaluate(T.tvm_load_matrix_sync(
-                                    fl.data, 16, 16, 16, i,
-                                    T.tvm_access_ptr(T.type_annotation("float16"), a_lo.data, a_at, 16 * LDA, 1),
-                                    LDA, "row_major"))
+                                T.evaluate(wmma_load(fl, i, a_lo, a_at, LDA))
                         for j in T.serial(FN):
                             b_at: T.let = ks * 16 * LDB + wn * WN + j * 16
-                            T.evaluate(T.tvm_load_matrix_sync(
-                                fb.data, 16, 16, 16, j,
-                                T.tvm_access_ptr(T.type_annotation("float16"), b_hi.data, b_at, 16 * LDB, 1),
-                                LDB, "row_major"))
+                            T.evaluate(wmma_load(fb, j, b_hi, b_at, LDB))
                             if split and fmt != "f16":
-                                T.evaluate(T.tvm_load_matrix_sync(
-                                    fbl.data, 16, 16, 16, j,
-                                    T.tvm_access_ptr(T.type_annotation("float16"), b_lo.data, b_at, 16 * LDB, 1),
-                                    LDB, "row_major"))
+                                T.evaluate(wmma_load(fbl, j, b_lo, b_at, LDB))
                         for i in T.serial(FM):
                             for j in T.serial(FN):
                                 f: T.let = i * FN + j
@@ -252,10 +255,7 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                     T.tvm_storage_sync("shared")
                 for i in T.serial(FM):
                     for j in T.serial(FN):
-                        T.evaluate(T.tvm_store_matrix_sync(
-                            acc.data, 16, 16, 16, i * FN + j,
-                            T.tvm_access_ptr(T.type_annotation("float32"), c_s.data, warp * 256, 256, 2),
-                            16, "row_major"))
+                        T.evaluate(wmma_store(acc, i * FN + j, c_s, warp * 256, 16))
                         for s in T.serial(8):
                             e: T.let = s * 32 + t % 32
                             local: T.let = wm * WM + i * 16 + e // 16

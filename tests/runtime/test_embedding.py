@@ -16,8 +16,7 @@ from jitllm.runtime.embedding import VALUES_PER_THREAD, TokenEmbedding
 def test_lookup_matches_one_dequantization_at_every_length(wtype):
     rng = np.random.default_rng(3)
     parts = parts_from_float(wtype, rng.standard_normal((320, 64)).astype(np.float32))  # ids repeat: fine
-    table = TokenEmbedding(wtype, parts, 64)
-    table._threads = 4  # split even on a machine with fewer cores
+    table = TokenEmbedding(wtype, parts, 64, threads=4)  # split even on a machine with fewer cores
     rows_per_thread = VALUES_PER_THREAD // 64
     for n in (1, rows_per_thread - 1, 2 * rows_per_thread, 5 * rows_per_thread + 7):
         ids = rng.integers(0, 320, n).tolist()

@@ -107,5 +107,5 @@ def last_positions(hidden: tvm.runtime.Tensor) -> tvm.runtime.Tensor:
     row = width * 4
     for b in range(batch):
         source = hidden._create_view((1, 1, width), "float32", (b * seq + seq - 1) * row)
-        (out if batch == 1 else out._create_view((1, 1, width), "float32", b * row)).copyfrom(source)
+        out._create_view((1, 1, width), "float32", b * row).copyfrom(source)
     return out

@@ -9,9 +9,11 @@ float64 numpy and timed on the GPU.
 
 `build` compiles, for the benchmark shapes (the 3B shape's fused Q/K/V, O, gate/up and down matrices;
 SmolLM2's Q/K/V and down; every weight format the tensor-core kernel takes), one module per linear
-holding `mma` (jitllm's prefill kernel), `mma_f16` (the fast family's: f16 operands alone), `mma_f16_m128`
-(the same with 128-row tiles, each warp 64 x 64) and `simt`
-(the dlight-scheduled f32 kernel, the stop 11 path),
+holding `mma` (the exact family's prefill kernel), `mma_f16` (the WMMA kernel with f16 operands alone, the
+fast family's before stop 16), `mma_f16_m128` (the same with 128-row tiles, each warp 64 x 64), `gemm` (the
+fast family's ldmatrix + mma.sync GEMM over f16 activations, kernels_gpu_gemm) and `simt`
+(the dlight-scheduled f32 kernel, the stop 11 path), one module of the fast family's operand passes
+(norm, SwiGLU and plain f16 conversion at the benchmark shapes' widths),
 and one module per attention shape holding `attention` and `attention_mma`, and one module per decode matvec (the 3B and SmolLM2 shapes with the
 ops a decode step folds into them) holding `exact` and `int8_g<RG>`. `run` prints, per kernel and row
 count, the median time of 3 x 20 launches, TFLOP/s and the largest error relative to the largest float64
@@ -52,6 +54,8 @@ def build(out: Path, parts: set[str]) -> None:
     from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
     from jitllm.lowering.kernels_gpu import attention_kernel, linear_kernel
     from jitllm.lowering.kernels_gpu_attention_mma import mma_attention_kernel
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+    from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel
     from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
     from jitllm.random_model import preset_layout
 
@@ -71,15 +75,24 @@ def build(out: Path, parts: set[str]) -> None:
         tmp.replace(out / f"{name}.so")
         print(f"built {name} in {time.perf_counter() - start:.1f}s", flush=True)
 
-    manifest = {"linears": [], "attention": [], "matvecs": []}
+    manifest = {"linears": [], "attention": [], "matvecs": [], "operands": []}
     for preset, shapes in LINEARS.items() if "linears" in parts else ():
         for n, k in shapes:
             for wtype in FORMATS:
                 name = f"linear_{wtype}_{n}x{k}"
                 compile_to(name, {"mma": mma_linear_kernel(wtype, n, k)[1], "simt": linear_kernel(wtype, n, k)[1],
                                   "mma_f16": mma_linear_kernel(wtype, n, k, split=False)[1],
-                                  "mma_f16_m128": mma_linear_kernel(wtype, n, k, split=False, bm=128)[1]})
+                                  "mma_f16_m128": mma_linear_kernel(wtype, n, k, split=False, bm=128)[1],
+                                  "gemm": gemm_kernel(wtype, n, k)[1]})
                 manifest["linears"].append({"name": name, "wtype": wtype, "n": n, "k": k})
+    if "linears" in parts:  # the operand passes before each GEMM
+        funcs = {}
+        for preset in LINEARS:
+            c = preset_layout(preset, "f16").config
+            for family, k in ((NORM_LINEAR, c.hidden), (LINEAR_ADD, c.hidden), (SWIGLU_LINEAR_ADD, c.ffn)):
+                symbol, funcs[symbol] = operand_kernel(family, k, EPS)
+                manifest["operands"].append({"symbol": symbol, "family": family, "k": k})
+        compile_to("operands", funcs)
     from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
     from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
 
@@ -199,6 +212,32 @@ def run_matvecs(folder: Path, manifest: dict, dev, up, rng) -> None:
         print(" | ".join(line), flush=True)
 
 
+def run_operands(folder: Path, manifest: dict, dev, up, rng) -> None:
+    """The operand passes at 512 and 2048 rows: time and error against float64 numpy."""
+    if not manifest.get("operands"):
+        return
+    import tvm
+
+    lib = tvm.runtime.load_module(str(folder / "operands.so"))
+    for entry in manifest["operands"]:
+        k, family = entry["k"], entry["family"]
+        for m in (512, 2048):
+            x = rng.standard_normal((m, 2 * k if family == "SwiGLULinearAdd" else k)).astype(np.float32)
+            g = rng.standard_normal(k).astype(np.float32)
+            x64 = x.astype(np.float64)
+            if family == "RmsNormLinear":
+                reference, args = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + EPS) * g, [up(x), up(g)]
+            elif family == "SwiGLULinearAdd":
+                reference, args = x64[:, :k] / (1 + np.exp(-x64[:, :k])) * x64[:, k:], [up(x)]
+            else:
+                reference, args = x64, [up(x)]
+            out = tvm.runtime.empty((m, k), "float16", dev)
+            lib[entry["symbol"]](*args, out)
+            err = np.abs(out.numpy() - reference).max() / np.abs(reference).max()
+            t = lib.time_evaluator(entry["symbol"], dev, number=20, repeat=3)(*args, out).median
+            print(f"operand {entry['symbol']} M={m}: {t * 1e6:.1f} us, error {err:.1e}", flush=True)
+
+
 def run(folder: Path) -> None:
     import tvm
 
@@ -219,13 +258,15 @@ def run(folder: Path) -> None:
             x = rng.standard_normal((m, k), dtype=np.float32)
             exact = x.astype(np.float64) @ w.T
             line = [f"{entry['wtype']:>5} {n:>5} x {k:<5} M={m:<5}"]
-            for fn in [f for f in ("simt", "mma", "mma_f16", "mma_f16_m128") if lib.implements_function(f, True)]:
+            for fn in [f for f in ("simt", "mma", "mma_f16", "mma_f16_m128", "gemm") if lib.implements_function(f, True)]:
                 y = tvm.runtime.empty((m, n), "float32", dev)
-                lib[fn](up(x), *weights, y)
+                xin = up(x.astype(np.float16) if fn == "gemm" else x)  # the GEMM takes the operand pass's f16
+                lib[fn](xin, *weights, y)
                 err = np.abs(y.numpy() - exact).max() / np.abs(exact).max()
-                t = lib.time_evaluator(fn, dev, number=20, repeat=3)(up(x), *weights, y).median
+                t = lib.time_evaluator(fn, dev, number=20, repeat=3)(xin, *weights, y).median
                 line.append(f"{fn} {t * 1e6:8.1f} us {2 * m * n * k / t / 1e12:6.1f} TFLOP/s err {err:.1e}")
             print(" | ".join(line), flush=True)
+    run_operands(folder, manifest, dev, up, rng)
     for entry in manifest["attention"]:
         lib = tvm.runtime.load_module(str(folder / f"{entry['name']}.so"))
         heads, kv_heads, d = entry["heads"], entry["kv_heads"], entry["head_dim"]

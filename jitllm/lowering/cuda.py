@@ -18,13 +18,14 @@ KERNELS = ("exact", "fast")
 class CudaTarget:
     name = "cuda"
     sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
-               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py", "kernels_gpu_attention_mma.py")
+               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py", "kernels_gpu_attention_mma.py", "kernels_gpu_gemm.py")
 
     def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
         """`kernels`: "exact" (f32 activations everywhere; tensor cores through f16 hi + lo halves) or
         "fast" (decode matvecs over GGML-quantized weights quantize the activations to int8 and use
-        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, kernels_gpu_mma.py,
-        and so does the prefill attention, kernels_gpu_attention_mma.py;
+        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, written once by an
+        operand pass and multiplied by ldmatrix + mma.sync, kernels_gpu_gemm.py (sm_80 on; WMMA in
+        kernels_gpu_mma.py before), and so does the prefill attention, kernels_gpu_attention_mma.py;
         float-weight decode matvecs are the same in both)."""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if match is None:
@@ -53,7 +54,8 @@ class CudaTarget:
     fold_prefill = True
     """Prefill kinds take the folded ops as decode variants do (BlockKind.folded): norms and residual adds
     inside the tensor-core linears, one rotary kernel (prefill_linear_kernel, rotary_kernel); SwiGLU
-    stays one elementwise pass."""
+    stays one elementwise pass, or, in the fast family, the operand pass of the down projection
+    (prefill_gemm_kernels)."""
 
     decode_appends_kv = True
     """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's
@@ -80,6 +82,18 @@ class CudaTarget:
             return None
         bm = 128 if self.kernels == "fast" and n >= 8192 else 64
         return mma_linear_kernel(wtype, n, k, self.kernels == "exact", bm, family, eps)
+
+    def prefill_gemm_kernels(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
+        """The fast family's prefill linear on sm_80 on as two kernels, (operand pass, GEMM): x (its norm
+        or SwiGLU applied) written once as f16, then the ldmatrix + mma.sync GEMM with the residual added
+        as it stores (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
+        from jitllm.ir.ops import LINEAR_ADD, SWIGLU_LINEAR_ADD
+        from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel
+
+        if self.kernels != "fast" or self.compute_capability < 80:
+            return None
+        gemm = gemm_kernel(wtype, n, k, residual=family in (LINEAR_ADD, SWIGLU_LINEAR_ADD))
+        return None if gemm is None else (operand_kernel(family, k, eps), gemm)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""

@@ -8,7 +8,8 @@ x = hi + lo (hi = f16(x), lo = f16(x - hi)), and both are multiplied: ~22 bits o
 f16; a dequantized weight (d · q) is not, so it is split the same way and the product hi·hi + lo·hi +
 hi·lo taken (the lo·lo term is below f32 rounding). The fast kernel family (`split=False`) takes
 f16(x) times f16(w) alone, one product instead of two or three: relative error ~2e-4, as
-llama.cpp's f16 GEMMs have, far below the int8 activations of the fast decode matvecs.
+llama.cpp's f16 GEMMs have, far below the int8 activations of the fast decode matvecs. (On sm_80 on,
+the fast family's folded prefill linears take kernels_gpu_gemm's operand pass + mma.sync GEMM instead.)
 
 One thread block computes a BM x BN tile of y with 4 warps (2 x 2, each BM/2 x BN/2; BM 64 or 128,
 the larger for wide projections, where the fewer loads per product measured 7-17% faster); per BK = 32 step (one quantization block) x's rows and the weights' columns sit in shared
@@ -106,36 +107,37 @@ def _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, count):
 
 
 @T.macro
-def _load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, fmt):
-    """Columns bn*BN : +BN of W for k in kt*BK : +BK into registers: per item, one row group's 8 values
-    (or quants) and, for quantized formats, their scales (and minimums)."""
+def load_w(q, d, mn, qv, dv, mv, bn, kt, t, BN, nt, fmt, reg):
+    """Columns bn*BN : +BN of W for k in kt*BK : +BK into registers, spread over `nt` threads: per item,
+    one row group's 8 values (or quants) and, for quantized formats, their scales (and minimums), from
+    register `reg` on."""
     if fmt == "f16" or fmt == "q8_0":
-        for s in T.unroll(BN // R * BK // NT):  # items: (row group, column)
-            e: T.let = s * NT + t
+        for s in T.unroll(BN // R * BK // nt):  # items: (row group, column)
+            e: T.let = s * nt + t
             g: T.let = bn * (BN // R) + e // BK
             if fmt == "f16":
                 for r in T.vectorized(R):
-                    qv[s * R + r] = q[g, kt * BK + e % BK, r]
+                    qv[reg + s * R + r] = q[g, kt * BK + e % BK, r]
             else:
                 for r in T.vectorized(R):
-                    qv[s * R + r] = q[g, kt, e % BK, r]
+                    qv[reg + s * R + r] = q[g, kt, e % BK, r]
                 for r in T.vectorized(R):
-                    dv[s * R + r] = d[g, kt, r]
+                    dv[reg + s * R + r] = d[g, kt, r]
     else:  # q4_0 / q4_1 items: (row group, byte column); byte j holds columns j and j + 16
-        for s in T.unroll(BN // R * (BK // 2) // NT):
-            e: T.let = s * NT + t
+        for s in T.unroll(BN // R * (BK // 2) // nt):
+            e: T.let = s * nt + t
             g: T.let = bn * (BN // R) + e // (BK // 2)
             for r in T.vectorized(R):
-                qv[s * R + r] = q[g, kt, e % (BK // 2), r]
+                qv[reg + s * R + r] = q[g, kt, e % (BK // 2), r]
             for r in T.vectorized(R):
-                dv[s * R + r] = d[g, kt, r]
+                dv[reg + s * R + r] = d[g, kt, r]
             if fmt == "q4_1":
                 for r in T.vectorized(R):
-                    mv[s * R + r] = mn[g, kt, r]
+                    mv[reg + s * R + r] = mn[g, kt, r]
 
 
 @T.macro
-def _split_store(b_hi, b_lo, wv, hv, lv, at, split):
+def split_store(b_hi, b_lo, wv, hv, lv, at, split):
     """Eight dequantized weights (wv, f32) into b_hi / b_lo at `at` as f16 halves (hi alone without `split`)."""
     for r in T.serial(R):
         hv[r] = T.Cast("float16", wv[r])
@@ -149,32 +151,33 @@ def _split_store(b_hi, b_lo, wv, hv, lv, at, split):
 
 
 @T.macro
-def _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split):
-    """The registers of _load_w into shared memory as b[k, n] (n contiguous); dequantized weights are
-    split into f16 halves hi and lo."""
+def store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, nt, LDB, fmt, split, base, reg):
+    """The registers of load_w into shared memory from element `base` on as b[k, n] (n contiguous);
+    dequantized weights are split into f16 halves hi and lo (hi alone without `split`). `reg`: where the
+    tile starts in the registers."""
     if fmt == "f16":
-        for s in T.unroll(BN // R * BK // NT):
-            e: T.let = s * NT + t
+        for s in T.unroll(BN // R * BK // nt):
+            e: T.let = s * nt + t
             for r in T.vectorized(R):
-                b_hi[e % BK * LDB + e // BK * R + r] = qv[s * R + r]
+                b_hi[base + e % BK * LDB + e // BK * R + r] = qv[reg + s * R + r]
     elif fmt == "q8_0":
-        for s in T.unroll(BN // R * BK // NT):
-            e: T.let = s * NT + t
+        for s in T.unroll(BN // R * BK // nt):
+            e: T.let = s * nt + t
             for r in T.serial(R):
-                wv[r] = T.Cast("float32", dv[s * R + r]) * T.Cast("float32", qv[s * R + r])
-            _split_store(b_hi, b_lo, wv, hv, lv, e % BK * LDB + e // BK * R, split)
+                wv[r] = T.Cast("float32", dv[reg + s * R + r]) * T.Cast("float32", qv[reg + s * R + r])
+            split_store(b_hi, b_lo, wv, hv, lv, base + e % BK * LDB + e // BK * R, split)
     else:
-        for s in T.unroll(BN // R * (BK // 2) // NT):
-            e: T.let = s * NT + t
+        for s in T.unroll(BN // R * (BK // 2) // nt):
+            e: T.let = s * nt + t
             for half in T.unroll(2):
                 for r in T.serial(R):
                     nib: T.let = T.Cast("float32", T.bitwise_and(
-                        T.shift_right(qv[s * R + r], T.Cast("uint8", half * 4)), T.uint8(15)))
+                        T.shift_right(qv[reg + s * R + r], T.Cast("uint8", half * 4)), T.uint8(15)))
                     if fmt == "q4_1":
-                        wv[r] = T.Cast("float32", dv[s * R + r]) * nib + T.Cast("float32", mv[s * R + r])
+                        wv[r] = T.Cast("float32", dv[reg + s * R + r]) * nib + T.Cast("float32", mv[reg + s * R + r])
                     else:
-                        wv[r] = T.Cast("float32", dv[s * R + r]) * (nib - T.float32(8))
-                _split_store(b_hi, b_lo, wv, hv, lv, (e % (BK // 2) + half * 16) * LDB + e // (BK // 2) * R, split)
+                        wv[r] = T.Cast("float32", dv[reg + s * R + r]) * (nib - T.float32(8))
+                split_store(b_hi, b_lo, wv, hv, lv, base + (e % (BK // 2) + half * 16) * LDB + e // (BK // 2) * R, split)
 
 
 @T.macro
@@ -215,15 +218,15 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                 for s in T.serial(BM * BK // 4 // NT):
                     ss[s] = T.float32(0)
                 _load_x(x, xv, nw, gv, M, bm, 0, t, BM, fold)
-                _load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, fmt)
+                load_w(q, d, mn, qv, dv, mv, bn, 0, t, BN, NT, fmt, 0)
                 _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, True)
-                _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
+                store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, NT, LDB, fmt, split, 0, 0)
                 for kt in T.serial(K // BK):
                     T.tvm_storage_sync("shared")
                     # the next tile's loads are issued before this tile's products (the last tile loads
                     # itself again), so their latency hides behind the tensor cores
                     _load_x(x, xv, nw, gv, M, bm, T.min(kt + 1, K // BK - 1), t, BM, fold)
-                    _load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, fmt)
+                    load_w(q, d, mn, qv, dv, mv, bn, T.min(kt + 1, K // BK - 1), t, BN, NT, fmt, 0)
                     for ks in T.serial(BK // 16):
                         for i in T.serial(FM):
                             a_at: T.let = (wm * WM + i * 16) * LDA + ks * 16
@@ -245,7 +248,7 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                                     T.evaluate(T.tvm_mma_sync(acc.data, f, fa.data, i, fbl.data, j, acc.data, f))
                     T.tvm_storage_sync("shared")
                     _store_x(xv, gv, xf, ss, a_hi, a_lo, t, LDA, split, BM, fold, kt + 1 < K // BK)
-                    _store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, LDB, fmt, split)
+                    store_w(qv, dv, mv, b_hi, b_lo, wv, hv, lv, t, BN, NT, LDB, fmt, split, 0, 0)
                 if fold.norm:  # each row's sum of squares is spread over 8 lanes: 1/RMS into c_s after the tiles
                     for s in T.serial(BM * BK // 4 // NT):
                         for lanes in T.unroll(3):

@@ -35,6 +35,27 @@ def test_prefill_linears_fold_the_norm_and_the_residual_add_but_not_swiglu():
     assert CudaTarget("sm_61", "fast").prefill_linear_kernel(LINEAR_ADD, "f16", 256, 128) is None  # no WMMA
 
 
+def test_fast_prefill_linears_are_an_operand_pass_then_an_mma_sync_gemm():
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+
+    fast = CudaTarget("sm_90", "fast")
+    (operand, prep), (gemm, func) = fast.prefill_gemm_kernels(NORM_LINEAR, "q4_0", 960, 576, 1e-5)
+    assert operand.startswith("jl_gpu_operand_f16_norm_576_eps") and [p.name for p in prep.params] == ["x", "nw", "a"]
+    assert gemm == "jl_gpu_gemm_q4_0_960x576_64x64x64w2x2s2" and [p.name for p in func.params] == ["a", "q", "d", "y"]
+    assert func.params[0].dtype == "float16"
+    (operand, prep), (gemm, func) = fast.prefill_gemm_kernels(SWIGLU_LINEAR_ADD, "q4_1", 576, 1536)
+    assert operand == "jl_gpu_operand_f16_swiglu_1536" and [int(d) for d in prep.params[0].shape[1:]] == [3072]
+    assert gemm.endswith("_add") and [p.name for p in func.params] == ["a", "q", "d", "mn", "res", "y"]
+    (operand, _), (gemm, func) = fast.prefill_gemm_kernels(LINEAR_ADD, "f16", 16384, 3072)
+    assert operand == "jl_gpu_operand_f16_convert_3072" and "_128x128x64w2x4s3c_" in gemm  # wide: 128-row tiles
+    assert [p.name for p in func.params] == ["a", "q", "res", "y"]
+    assert "_64x64x32w2x2s2" in fast.prefill_gemm_kernels(LINEAR_ADD, "q8_0", 256, 96)[1][0]  # K: 32-steps
+    assert fast.prefill_gemm_kernels(LINEAR_ADD, "f32", 256, 128) is None  # f32 weights
+    assert fast.prefill_gemm_kernels(LINEAR_ADD, "f16", 96, 128) is None  # N not a multiple of 64
+    assert CudaTarget("sm_90", "exact").prefill_gemm_kernels(LINEAR_ADD, "f16", 256, 128) is None  # hi + lo: WMMA
+    assert CudaTarget("sm_75", "fast").prefill_gemm_kernels(LINEAR_ADD, "f16", 256, 128) is None  # no cp.async
+
+
 def test_bad_arch_is_a_clear_error():
     for arch in ("sm_", "sm_x9", "compute_90", "90"):
         with pytest.raises(JitllmError, match="bad CUDA arch"):

@@ -275,13 +275,19 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                                     y[row, col] = c_s[warp * 256 + e]
 
 
+def quant_layout(wtype: str, n: int, k: int) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype of a weight's first part (f16 values or quants) in the row-group layout."""
+    g, nb = n // R, k // QUANT_BLOCK
+    return {"f16": ((g, k, R), "float16"), "q8_0": ((g, nb, 32, R), "int8"), "q4_0": ((g, nb, 16, R), "uint8"),
+            "q4_1": ((g, nb, 16, R), "uint8")}[wtype]
+
+
 def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, fold: Fold) -> tvm.tirx.PrimFunc:
     """One signature for every format and fold: x, the norm weight nw, the quants (or f16 weights) q,
     scales d, minimums mn, the residual res, y; formats without scales (f16) or minimums (all but
     Q4_1) and folds without a norm or a residual drop those."""
     G, NB = N // R, K // QUANT_BLOCK
-    qshape, qdtype = {"f16": ((G, K, R), "float16"), "q8_0": ((G, NB, 32, R), "int8"),
-                      "q4_0": ((G, NB, 16, R), "uint8"), "q4_1": ((G, NB, 16, R), "uint8")}[wtype]
+    qshape, qdtype = quant_layout(wtype, N, K)
     tile = (BM, BN, BK + PAD, BN + PAD, BM // 2, BN // 2, BM // 32, BN // 32)  # (macro arguments: constants here)
 
     @T.prim_func

@@ -8,3 +8,6 @@ APPEND_FUNCTION = "kv_append"
 EXPORT_PAGES = "export_pages"
 IMPORT_PAGES = "import_pages"
 """Page copy kernels compiled beside each decoder block (migration moves KV pages with them)."""
+EMBED_FUNCTION = "embed"
+"""Embedding row gather compiled beside a GPU head's `main`: a tied head's weights are the embedding table,
+so a prompt's rows are gathered on the device that holds them."""

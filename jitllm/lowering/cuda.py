@@ -137,6 +137,12 @@ class CudaTarget:
 
         return workspace_shape(kind)
 
+    def embedding_kernel(self, wtype: str, vocab: int, hidden: int):
+        """The head's embedding row gather (lowering.EMBED_FUNCTION), used where the head is tied."""
+        from jitllm.lowering.kernels_gpu import embedding_kernel
+
+        return embedding_kernel(wtype, vocab, hidden)
+
     def append_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import append_kernel
 

@@ -5,6 +5,7 @@
 - Paged attention (prefill, multi-token steps): one thread block per (sequence, tile of queries, head),
   keys staged in shared memory a few at a time, online softmax (see attention_kernel).
 - KV append: one thread block per (sequence, new token, KV head), one thread per head dim.
+- Embedding gather: rows of a row-interleaved (possibly quantized) table as f32, one thread per value.
 """
 
 from __future__ import annotations
@@ -284,3 +285,45 @@ def rotary_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                             v[m, h - H - HKV, d + j] = x[j]
 
     return symbol, f.with_attr("global_symbol", symbol)
+
+
+def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx.PrimFunc]:
+    """ids [1, n] (int32) -> x [1, n, hidden] (f32): the rows of a [vocab, hidden] table in the row-group
+    layout (jitllm.ir.layouts.weight_parts; parameters ids, the parts, x), dequantized as
+    jitllm.quant.dequantize_rows does on the host."""
+    from jitllm.ir.layouts import weight_parts
+
+    parts = weight_parts(wtype, vocab, hidden)
+    (_, qshape, qdtype), NB = parts[0], hidden // QUANT_BLOCK
+    G, K, NT_E = vocab // R, hidden, 128
+    CB = (hidden + NT_E - 1) // NT_E  # thread blocks per row
+    symbol = f"jl_gpu_embedding_{wtype}_{vocab}x{hidden}"
+
+    @T.prim_func
+    def f(ids_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
+          mn: T.Buffer((G, NB, R), "float16"), x_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        n = T.int64()
+        ids = T.match_buffer(ids_h, (1, n), "int32")
+        x = T.match_buffer(x_h, (1, n, K), "float32")
+        for bx in T.thread_binding(n * CB, thread="blockIdx.x"):
+            for t in T.thread_binding(T.int64(NT_E), thread="threadIdx.x"):
+                tok: T.let = bx // CB
+                c: T.let = bx % CB * NT_E + t
+                g: T.let = ids[0, tok] // R
+                lane: T.let = ids[0, tok] % R
+                if c < K:
+                    if wtype == "f32" or wtype == "f16":
+                        x[0, tok, c] = T.Cast("float32", q[g, c, lane])
+                    elif wtype == "q8_0":
+                        x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * T.Cast("float32", q[g, c // 32, c % 32, lane])
+                    else:
+                        nib: T.let = T.Cast("float32", T.bitwise_and(T.shift_right(
+                            q[g, c // 32, c % 16, lane], T.Cast("uint8", c % 32 // 16 * 4)), T.uint8(15)))
+                        if wtype == "q4_1":
+                            x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * nib + T.Cast("float32", mn[g, c // 32, lane])
+                        else:
+                            x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * (nib - T.float32(8))
+
+    unused = {"f32": {"d", "mn"}, "f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
+    return symbol, without_params(f, unused).with_attr("global_symbol", symbol)

@@ -5,7 +5,9 @@ converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call
 kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
 The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`) become
 one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`) and their parts elsewhere.
-The KV append kernel is added beside `main` and called by the runtime after each block step.
+The KV append kernel is added beside `main` and called by the runtime after each block step, and on
+targets that have one an embedding row gather beside a head's `main` (the runtime's prompt lookup where
+the head is tied).
 The kernels come from the target (`linear_kernel`, `attention_kernel`, `append_kernel`), so each
 target brings kernels written for its hardware while the graph stays the same.
 """
@@ -24,7 +26,7 @@ from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
 from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
                            PAGED_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
-from jitllm.lowering import APPEND_FUNCTION
+from jitllm.lowering import APPEND_FUNCTION, EMBED_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
 
@@ -237,4 +239,8 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
         for name, func in page_kernels(kind, gpu=target.name != "llvm").items():
             mod[name] = func
+    if kind.kind == "head" and not kind.decode and hasattr(target, "embedding_kernel"):
+        spec = kind.linears[0]
+        _, func = target.embedding_kernel(spec.wtype, spec.out_features, spec.in_features)
+        mod[EMBED_FUNCTION] = func.with_attr("global_symbol", EMBED_FUNCTION)
     return mod

@@ -48,6 +48,16 @@ def test_block_kind_on_cuda(kind, cache_dir):
         x = rng.standard_normal((1, 1, kind.config.hidden) if kind.decode else (2, 3, kind.config.hidden)).astype(np.float32)
         out = program.main(up(x), *[up(weights[n]) for n, _, _ in weight_inputs(kind)]).numpy()
         assert np.abs(out - head_forward(kind, weights, x)).max() < TOL
+        assert (program.embed is None) == kind.decode  # the general head gathers embedding rows too
+        if program.embed is not None:  # rows of its weight (a tied head's = the embedding table), as the host
+            from jitllm.quant import dequantize_rows
+
+            names = [n for n, _, _ in weight_inputs(kind)][1:]
+            ids = np.array([[0, 7, 8, kind.config.vocab - 1, kind.config.vocab // 2 + 3, 7]], np.int32)
+            rows = tvm.runtime.empty((1, 6, kind.config.hidden), "float32", dev)
+            program.embed(up(ids), *[up(weights[n]) for n in names], rows)
+            host = dequantize_rows(kind.linears[0].wtype, {n.split("_", 1)[1]: weights[n] for n in names}, ids[0])
+            np.testing.assert_allclose(rows.numpy()[0], host, rtol=1e-6, atol=1e-7)  # (GPU: d * q + m as one FMA)
         return
     for batch, seq, pasts in shapes:
         feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}

@@ -56,6 +56,29 @@ def test_fast_prefill_linears_are_an_operand_pass_then_an_mma_sync_gemm():
     assert CudaTarget("sm_75", "fast").prefill_gemm_kernels(LINEAR_ADD, "f16", 256, 128) is None  # no cp.async
 
 
+def test_gpu_heads_carry_an_embedding_gather():
+    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, head_kind, llama_block_kind
+    from jitllm.lowering import EMBED_FUNCTION
+    from jitllm.lowering.onnx_import import to_relax
+    from jitllm.random_model import PRESETS
+
+    cuda = CudaTarget("sm_90", "fast")
+    for wtype, parts in (("f16", ["q"]), ("q8_0", ["q", "d"]), ("q4_1", ["q", "d", "mn"])):
+        symbol, func = cuda.embedding_kernel(wtype, 512, 64)
+        assert symbol == f"jl_gpu_embedding_{wtype}_512x64" and [p.name for p in func.params] == ["ids", *parts, "x"]
+        assert [str(d) for d in func.params[-1].shape] == ["1", "n", "64"] and func.params[0].dtype == "int32"
+    cfg = PRESETS["tiny"]
+    head = head_kind(cfg, "q4_0")
+    names = lambda kind: {gv.name_hint for gv in to_relax(kind, build_block_graph(kind), cuda).get_global_vars()}  # noqa: E731
+    assert EMBED_FUNCTION in names(head)
+    assert EMBED_FUNCTION not in names(head.decode_variant())  # decode steps take their row from the host
+    from jitllm.lowering.llvm import LlvmTarget
+
+    assert EMBED_FUNCTION not in {gv.name_hint for gv in to_relax(head, build_block_graph(head), LlvmTarget()).get_global_vars()}
+    block = llama_block_kind(cfg, {n: "q4_0" for n in BLOCK_LINEARS})
+    assert EMBED_FUNCTION not in names(block)
+
+
 def test_bad_arch_is_a_clear_error():
     for arch in ("sm_", "sm_x9", "compute_90", "90"):
         with pytest.raises(JitllmError, match="bad CUDA arch"):

@@ -52,10 +52,10 @@ class CudaTarget:
     """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
 
     fold_prefill = True
-    """Prefill kinds take the folded ops as decode variants do (BlockKind.folded): norms and residual adds
-    inside the tensor-core linears, one rotary kernel (prefill_linear_kernel, rotary_kernel); SwiGLU
-    stays one elementwise pass, or, in the fast family, the operand pass of the down projection
-    (prefill_gemm_kernels)."""
+    """Prefill kinds take the folded ops as decode variants do (BlockKind.folded): one rotary kernel
+    (rotary_kernel), residual adds inside the tensor-core linears, norms inside them too (exact family,
+    prefill_linear_kernel, SwiGLU one elementwise pass) or in the operand pass before each GEMM, which
+    applies SwiGLU as well (fast family on sm_80 on, prefill_gemm_kernels)."""
 
     decode_appends_kv = True
     """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's

@@ -25,10 +25,11 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import NORM_LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import without_params
 from jitllm.lowering.kernels_gpu_gemv_int8 import shfl_xor
-from jitllm.lowering.kernels_gpu_mma import WMMA_FORMATS, load_w, quant_layout, store_w
+from jitllm.lowering.kernels_gpu_mma import WMMA_FORMATS, load_w, store_w
 
 R = ROW_GROUP
 BK = QUANT_BLOCK
@@ -317,7 +318,7 @@ def _body(a, q, d, mn, res, y, M, N, KT, BM, BN, TK, WARPS_N, STAGES, NT, LDA, L
 def _gemm(wtype: str, N: int, K: int, tl: Tiling, residual: bool) -> tvm.tirx.PrimFunc:
     """Parameters a, the weight parts (f16: q; Q8_0 and Q4_0: q, d; Q4_1: q, d, mn), res (residual only), y."""
     G, NB = N // R, K // QUANT_BLOCK
-    qshape, qdtype = quant_layout(wtype, N, K)
+    _, qshape, qdtype = weight_parts(wtype, N, K)[0]
     WM, WN = tl.bm // tl.warps_m, tl.bn // tl.warps_n
     shape = (K // tl.bk, tl.bm, tl.bn, tl.bk, tl.warps_n, tl.stages, tl.threads, tl.bk + PAD, tl.bn + PAD, WM, WN,
              WM // 16, WN // 8)

@@ -27,6 +27,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold
@@ -275,19 +276,12 @@ def _body(x, nw, q, d, mn, res, y, M, N, K, BM, BN, LDA, LDB, WM, WN, FM, FN, fm
                                     y[row, col] = c_s[warp * 256 + e]
 
 
-def quant_layout(wtype: str, n: int, k: int) -> tuple[tuple[int, ...], str]:
-    """Shape and dtype of a weight's first part (f16 values or quants) in the row-group layout."""
-    g, nb = n // R, k // QUANT_BLOCK
-    return {"f16": ((g, k, R), "float16"), "q8_0": ((g, nb, 32, R), "int8"), "q4_0": ((g, nb, 16, R), "uint8"),
-            "q4_1": ((g, nb, 16, R), "uint8")}[wtype]
-
-
 def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, fold: Fold) -> tvm.tirx.PrimFunc:
     """One signature for every format and fold: x, the norm weight nw, the quants (or f16 weights) q,
     scales d, minimums mn, the residual res, y; formats without scales (f16) or minimums (all but
     Q4_1) and folds without a norm or a residual drop those."""
     G, NB = N // R, K // QUANT_BLOCK
-    qshape, qdtype = quant_layout(wtype, N, K)
+    _, qshape, qdtype = weight_parts(wtype, N, K)[0]
     tile = (BM, BN, BK + PAD, BN + PAD, BM // 2, BN // 2, BM // 32, BN // 32)  # (macro arguments: constants here)
 
     @T.prim_func

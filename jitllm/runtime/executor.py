@@ -7,6 +7,7 @@ crosses devices only at seams.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,17 +229,11 @@ class Executor:
             x = self.embed(ids)[None]
         for segment in self._segments[1]:
             _check_fault(segment.device)
-            try:
+            with _device_faults(segment.device):
                 if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:
                     x = self._replay_segment(session, segment, x, past)
                 else:
                     x = self._run_segment(session, segment, x, past, n)
-            except DeviceFault:
-                raise
-            except Exception as e:  # TVM reports device failures (allocation, launch) as its own errors
-                if segment.device.name == HOST_NAME:
-                    raise
-                raise DeviceFault(segment.device.name, _last_line(e)) from e
         session.length = past + n
         session.tokens += ids
         return x if isinstance(x, np.ndarray) else x.numpy()[0, -1]
@@ -255,11 +250,9 @@ class Executor:
         rows = np.asarray(ids, np.int32)[None]
         if rows.min() < 0 or rows.max() >= self.layout.config.vocab:
             return None
-        try:
+        with _device_faults(device):
             x = device.empty((1, n, self.layout.config.hidden), "float32")
             embed(device.upload(rows), *head.weights[1:], x)  # (weights[0]: the final norm's)
-        except Exception as e:  # as a segment's failure: the device is given up, the step retried elsewhere
-            raise DeviceFault(device.name, _last_line(e)) from e
         return x
 
     def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
@@ -354,6 +347,20 @@ class Executor:
 def _last_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[-1] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _device_faults(device: Device):
+    """Errors of work on a GPU as DeviceFault (TVM reports device failures, allocation and launch, as its
+    own errors), so the device is given up and the step retried elsewhere; the host's stay as they are."""
+    try:
+        yield
+    except DeviceFault:
+        raise
+    except Exception as e:
+        if device.name == HOST_NAME:
+            raise
+        raise DeviceFault(device.name, _last_line(e)) from e
 
 
 def _check_fault(device: Device) -> None:

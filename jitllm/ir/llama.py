@@ -14,8 +14,8 @@ from onnx import helper
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
 from jitllm.ir.layouts import weight_parts
-from jitllm.ir.ops import (LINEAR_ADD, NORM_LINEAR, PAGED_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, functions_for,
-                           linear_op, rms_norm)
+from jitllm.ir.ops import (LINEAR_ADD, NORM_LINEAR, PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD,
+                           functions_for, linear_op, rms_norm)
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
@@ -170,12 +170,16 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     outputs: list[onnx.ValueInfoProto]
     if kind.kind == "llama":
         q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        attn = None  # set here where one op does rotary embedding and attention (fused decode variants)
         if len(kind.linears) == 4:  # fused_kind
             qkv_spec, o_spec, gate_spec, down_spec = kind.linears
             up_spec = None
             qkv = _norm_linear(g, "x", "attn_norm", c.rms_eps, qkv_spec, fold)
             split = g.const([q_dim, kv_dim, kv_dim])
-            if fold:
+            if fold and kind.decode:
+                attn, k, v = g.op(ROTARY_ATTENTION, qkv, "cos", "sin", split, "pages", "page_table", "past",
+                                  outputs=3, domain=DOMAIN)
+            elif fold:
                 q, k, v = g.op(ROTARY_QKV, qkv, "cos", "sin", split, outputs=3, domain=DOMAIN)
             else:
                 q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
@@ -189,7 +193,8 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
             q = _rope(g, q, c.heads, c.head_dim, cos, sin)
             k = _rope(g, k, c.kv_heads, c.head_dim, cos, sin)
             v = g.op("Reshape", v, g.const([0, 0, c.kv_heads, c.head_dim]))
-        attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
+        if attn is None:
+            attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
         attn = g.op("Reshape", attn, g.const([0, 0, q_dim]))
         x2 = _linear_add(g, attn, o_spec, "x", fold)
         g.rename(_ffn(g, x2, c, gate_spec, up_spec, down_spec, fold), "y")

@@ -24,6 +24,9 @@ targets without fused kernels lower them as their parts:
   up are the two halves of gate_up's last axis.
 - `RotaryQKV(qkv[B,S,(H+2Hkv)*D], cos[B,S,D/2], sin, split[3] i64) -> q[B,S,H,D], k, v`: the fused
   projection split into q, k, v (sizes `split`), with interleaved-pair rotary embedding on q and k.
+- `RotaryPagedAttention(qkv, cos, sin, split, pages, page_table, past) -> out, k, v`: RotaryQKV, then
+  PagedAttention of its q, k, v (decode variants: a GPU's decode attention kernel rotates q and the new k
+  as it reads them, so the step has no rotary kernel of its own).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 PAGED_ATTENTION = "PagedAttention"
 GATED_RECURRENCE = "GatedRecurrence"
 ROTARY_QKV = "RotaryQKV"
+ROTARY_ATTENTION = "RotaryPagedAttention"
 LINEAR = "Linear"
 NORM_LINEAR = "RmsNormLinear"
 LINEAR_ADD = "LinearAdd"
@@ -67,9 +71,9 @@ def rms_norm(g: GraphBuilder, x: str, weight: str, eps: str) -> str:
 
 
 def _function(name: str, inputs: list[str], outputs: list[str], g: GraphBuilder) -> onnx.FunctionProto:
-    return helper.make_function(
-        DOMAIN, name, inputs, outputs, g.nodes, opset_imports=[helper.make_opsetid("", OPSET)]
-    )
+    calls_ours = any(node.domain == DOMAIN for node in g.nodes)  # a function calling jitllm's functions
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(DOMAIN, 1)] if calls_ours else [])
+    return helper.make_function(DOMAIN, name, inputs, outputs, g.nodes, opset_imports=opsets)
 
 
 def _dequantize(g: GraphBuilder, wtype: str, parts: list[str]) -> str:
@@ -130,6 +134,16 @@ def rotary_qkv_function() -> onnx.FunctionProto:
     g.rename(rope(k), "k")
     g.rename(g.op("Reshape", v, heads_shape), "v")
     return _function(ROTARY_QKV, ["qkv", "cos", "sin", "split"], ["q", "k", "v"], g)
+
+
+def rotary_attention_function() -> onnx.FunctionProto:
+    g = GraphBuilder("ra_")
+    q, k, v = g.op(ROTARY_QKV, "qkv", "cos", "sin", "split", outputs=3, domain=DOMAIN)
+    g.rename(g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN), "out")
+    g.rename(k, "k")
+    g.rename(v, "v")
+    return _function(ROTARY_ATTENTION, ["qkv", "cos", "sin", "split", "pages", "page_table", "past"],
+                     ["out", "k", "v"], g)
 
 
 def paged_attention_function() -> onnx.FunctionProto:
@@ -206,9 +220,11 @@ def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
     from jitllm.ir.layouts import weight_parts
 
     others = {PAGED_ATTENTION: paged_attention_function, GATED_RECURRENCE: gated_recurrence_function,
-              ROTARY_QKV: rotary_qkv_function}
+              ROTARY_QKV: rotary_qkv_function, ROTARY_ATTENTION: rotary_attention_function}
     functions: dict[str, onnx.FunctionProto] = {}
-    for node in nodes:
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
         if node.domain != DOMAIN or node.op_type in functions:
             continue
         linear = split_linear_op(node.op_type)
@@ -217,4 +233,5 @@ def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
             functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, 8, 32)), family)
         else:
             functions[node.op_type] = others[node.op_type]()
+            pending += functions[node.op_type].node  # a function calling others (RotaryPagedAttention)
     return list(functions.values())

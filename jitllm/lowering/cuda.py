@@ -126,11 +126,12 @@ class CudaTarget:
             return mma.mma_attention_kernel(kind)
         return attention_kernel(kind)
 
-    def split_attention_kernels(self, kind):
-        """Decode variants: attention split over chunks of the history, then merged."""
+    def split_attention_kernels(self, kind, rotary: bool = False):
+        """Decode variants: attention split over chunks of the history, then merged; with `rotary`, from the
+        fused projection, rotating q and the new k as they are read (RotaryPagedAttention)."""
         from jitllm.lowering.kernels_gpu_attention import split_attention_kernels
 
-        return split_attention_kernels(kind)
+        return split_attention_kernels(kind, rotary)
 
     def attention_workspace_shape(self, kind):
         from jitllm.lowering.kernels_gpu_attention import workspace_shape

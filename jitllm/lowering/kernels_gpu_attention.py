@@ -6,7 +6,7 @@ block per (KV head, chunk) runs an online softmax over its chunk for all the que
 tile by tile through shared memory, and writes its partial state (accumulator, max, denominator) to a
 workspace; a second kernel merges the chunks of each head. Chunks start at 32 positions each, so at
 short histories most chunks are past the history: their blocks stop after the append, and the merge
-reads only the chunks that hold positions. The grid never depends on the history
+reads only the chunks that hold positions (weighting the rest 0). The grid never depends on the history
 length (it is read from `past` on the device), so the launch can live in a CUDA graph.
 
 The partial kernel also appends the step's K and V to the pages (the chunk-0 block of each KV head
@@ -36,16 +36,28 @@ def workspace_shape(kind: BlockKind) -> tuple[int, int, int, int]:
     return (c.kv_heads, CHUNKS, c.heads // c.kv_heads, c.head_dim + 2)
 
 
-def split_attention_kernels(kind: BlockKind) -> list[tuple[str, tvm.tirx.PrimFunc]]:
-    """(partial kernel, merge kernel), each as (symbol, PrimFunc)."""
-    return [_partial(kind), _merge(kind)]
+def split_attention_kernels(kind: BlockKind, rotary: bool = False) -> list[tuple[str, tvm.tirx.PrimFunc]]:
+    """(partial kernel, merge kernel), each as (symbol, PrimFunc). With `rotary` the partial kernel takes
+    the fused projection and the rotary tables instead of q, k and v (jitllm.ir.ops' RotaryPagedAttention),
+    rotates q and the new k as it reads them, and also returns the rotated k and v (the block's outputs)."""
+    return [_partial(kind, rotary), _merge(kind)]
 
 
-def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+def _rotated(qkv, cos, sin, base, d):
+    """Element d of the head whose first column in `qkv` is `base`, after the interleaved-pair rotary
+    embedding (pairs (2i, 2i + 1) turn by the angle of row i of the tables; ir.llama._rope)."""
+    pair = d // 2
+    partner = qkv[0, 0, base + d + 1 - 2 * (d % 2)]
+    sign = T.Select(d % 2 == 0, T.float32(-1), T.float32(1))
+    return qkv[0, 0, base + d] * cos[0, 0, pair] + sign * partner * sin[0, 0, pair]
+
+
+def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV
-    scale = 1.0 / (D ** 0.5)
+    QD, KVD = H * D, HKV * D
+    SCALE = 1.0 / (D ** 0.5)
     QLOAD = (G * D + NT - 1) // NT
     KLOAD = (TILE * D + NT - 1) // NT
     DS = D // SPLIT
@@ -54,17 +66,10 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     SUMS = (PAIRS + NT - 1) // NT
     ACC = (G * D + NT - 1) // NT
     APPEND = (D + NT - 1) // NT
-    symbol = f"jl_gpu_split_attention_partial_append_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
+    symbol = f"jl_gpu_split_attention_partial_append{'_rotary' if rotary else ''}_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
 
-    @T.prim_func
-    def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
-          v: T.Buffer((1, 1, HKV, D), "float32"), pages_h: T.handle, pt_h: T.handle,
-          past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32")):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        NP = T.int64()
-        MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
-        pt = T.match_buffer(pt_h, (1, MP), "int32")
+    @T.macro
+    def body(qkv, q, k, v, cos, sin, k_out, v_out, pages, pt, past, ws):
         for blk in T.thread_binding(HKV * CHUNKS, thread="blockIdx.x"):
             for tx in T.thread_binding(NT, thread="threadIdx.x"):
                 q_sh = T.alloc_buffer((G, D), "float32", scope="shared")
@@ -91,15 +96,26 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         e: T.let = i * NT + tx
                         if e < D:
                             slot: T.let = pt[0, n // P]
-                            pages[slot, 0, kv, n % P, e] = k[0, 0, kv, e]
-                            pages[slot, 1, kv, n % P, e] = v[0, 0, kv, e]
+                            if rotary:
+                                kr: T.let = _rotated(qkv, cos, sin, QD + kv * D, e)
+                                vr: T.let = qkv[0, 0, QD + KVD + kv * D + e]
+                                pages[slot, 0, kv, n % P, e] = kr
+                                pages[slot, 1, kv, n % P, e] = vr
+                                k_out[0, 0, kv, e] = kr
+                                v_out[0, 0, kv, e] = vr
+                            else:
+                                pages[slot, 0, kv, n % P, e] = k[0, 0, kv, e]
+                                pages[slot, 1, kv, n % P, e] = v[0, 0, kv, e]
                 # chunks past the history (most of them at short histories: 64 per KV head, 32 positions
                 # at least each) do nothing more; the merge reads only the chunks below `used`
                 if chunk < (total + per - 1) // per:
                     for i in T.unroll(QLOAD):
                         e: T.let = i * NT + tx
                         if e < G * D:
-                            q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(scale)
+                            if rotary:
+                                q_sh[e // D, e % D] = _rotated(qkv, cos, sin, (kv * G + e // D) * D, e % D) * T.float32(SCALE)
+                            else:
+                                q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(SCALE)
                     run[0] = T.float32(NEG)
                     run[1] = T.float32(0)
                     for i in T.unroll(ACC):
@@ -118,11 +134,17 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                             page: T.let = pt[0, tc // P]
                             k_old: T.let = pages[page, 0, kv, tc % P, col]
                             v_old: T.let = pages[page, 1, kv, tc % P, col]
-                            k_new: T.let = k[0, 0, kv, col]
-                            v_new: T.let = v[0, 0, kv, col]
-                            # rows past `end` are zeros, not stale shared memory (0 * NaN)
-                            k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
-                            v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
+                            if rotary:
+                                k_new: T.let = _rotated(qkv, cos, sin, QD + kv * D, col)
+                                v_new: T.let = qkv[0, 0, QD + KVD + kv * D + col]
+                                # rows past `end` are zeros, not stale shared memory (0 * NaN)
+                                k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
+                                v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
+                            else:
+                                k_new: T.let = k[0, 0, kv, col]
+                                v_new: T.let = v[0, 0, kv, col]
+                                k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
+                                v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
                         T.tvm_storage_sync("shared")
                         for i in T.unroll(SCORES):
                             # item e: part e // PAIRS of the dot product of pair e % PAIRS; a warp's lanes take
@@ -172,13 +194,43 @@ def _partial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         ws[kv, chunk, tx, D] = run[0]
                         ws[kv, chunk, tx, D + 1] = run[1]
 
+
+    if rotary:
+        @T.prim_func
+        def f(qkv: T.Buffer((1, 1, QD + 2 * KVD), "float32"), cos: T.Buffer((1, 1, D // 2), "float32"),
+              sin: T.Buffer((1, 1, D // 2), "float32"), pages_h: T.handle, pt_h: T.handle,
+              past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32"),
+              k_out: T.Buffer((1, 1, HKV, D), "float32"), v_out: T.Buffer((1, 1, HKV, D), "float32")):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            NP = T.int64()
+            MP = T.int64()
+            pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+            pt = T.match_buffer(pt_h, (1, MP), "int32")
+            body(qkv, None, None, None, cos, sin, k_out, v_out, pages, pt, past, ws)
+    else:
+        @T.prim_func
+        def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
+              v: T.Buffer((1, 1, HKV, D), "float32"), pages_h: T.handle, pt_h: T.handle,
+              past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32")):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            NP = T.int64()
+            MP = T.int64()
+            pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+            pt = T.match_buffer(pt_h, (1, MP), "int32")
+            body(None, q, k, v, None, None, None, None, pages, pt, past, ws)
+
     return symbol, f.with_attr("global_symbol", symbol)
 
 
 def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """One thread block per query head, one thread per dimension. Every read is issued before the first
+    wait (a serial loop over the chunks waited one L2 round trip per chunk: 6.2 µs at 512 positions):
+    each thread loads its dimension of every chunk's accumulator into registers, chunks past `used` from
+    the last used one's (always-valid) address, weighted 0 afterwards."""
     c = kind.config
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV
+    LOADS = (CHUNKS + D - 1) // D
     symbol = f"jl_gpu_split_attention_merge_h{H}_kv{HKV}_d{D}_c{CHUNKS}"
 
     @T.prim_func
@@ -187,23 +239,31 @@ def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         for h in T.thread_binding(H, thread="blockIdx.x"):
             for tx in T.thread_binding(D, thread="threadIdx.x"):
+                mx = T.alloc_buffer((CHUNKS,), "float32", scope="shared")  # each chunk's max (NEG past `used`)
+                den = T.alloc_buffer((CHUNKS,), "float32", scope="shared")  # its denominator (0 past `used`)
+                num = T.alloc_buffer((CHUNKS,), "float32", scope="local")  # its accumulator at dimension tx
                 st = T.alloc_buffer((3,), "float32", scope="local")  # max, numerator, denominator
                 kv: T.let = h // G
                 g: T.let = h % G
                 total: T.let = past[0] + 1
                 per: T.let = ((total + CHUNKS - 1) // CHUNKS + TILE - 1) // TILE * TILE
-                used: T.let = (total + per - 1) // per  # the chunks the partial kernel filled
-                # Only those are read (the rest of the workspace is stale): at short histories a few of
-                # the 64 (tg128 from a 1-token prompt: at most 5)
+                used: T.let = (total + per - 1) // per  # the chunks the partial kernel filled (the rest is stale)
+                for ch in T.unroll(CHUNKS):
+                    num[ch] = ws[kv, T.min(ch, used - 1), g, tx]
+                for i in T.unroll(LOADS):
+                    ch: T.let = i * D + tx
+                    if ch < CHUNKS:
+                        mx[ch] = T.Select(ch < used, ws[kv, T.min(ch, used - 1), g, D], T.float32(NEG))
+                        den[ch] = T.Select(ch < used, ws[kv, T.min(ch, used - 1), g, D + 1], T.float32(0))
+                T.tvm_storage_sync("shared")
                 st[0] = T.float32(NEG)
-                for ch in T.serial(used):
-                    st[0] = T.max(st[0], ws[kv, ch, g, D])
+                for ch in T.unroll(CHUNKS):
+                    st[0] = T.max(st[0], mx[ch])
                 st[1] = T.float32(0)
                 st[2] = T.float32(0)
-                for ch in T.serial(used):
-                    w: T.let = T.exp(ws[kv, ch, g, D] - st[0])
-                    st[1] = st[1] + w * ws[kv, ch, g, tx]
-                    st[2] = st[2] + w * ws[kv, ch, g, D + 1]
+                for ch in T.unroll(CHUNKS):
+                    st[1] = st[1] + T.exp(mx[ch] - st[0]) * num[ch]
+                    st[2] = st[2] + T.exp(mx[ch] - st[0]) * den[ch]
                 out[0, 0, h, tx] = st[1] / st[2]
 
     return symbol, f.with_attr("global_symbol", symbol)

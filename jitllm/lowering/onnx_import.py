@@ -3,8 +3,9 @@
 TVM's ONNX importer knows nothing of jitllm's functions; for the duration of one import we extend its
 converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call_tir` of a kernel from
 kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
-The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`) become
-one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`) and their parts elsewhere.
+The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`,
+`RotaryPagedAttention`) become one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`,
+`split_attention_kernels`) and their parts elsewhere.
 The KV append kernel is added beside `main` and called by the runtime after each block step, and on
 targets that have one an embedding row gather beside a head's `main` (the runtime's prompt lookup where
 the head is tied).
@@ -25,7 +26,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
 from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
-                           PAGED_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
+                           PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
 from jitllm.lowering import APPEND_FUNCTION, EMBED_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
@@ -145,7 +146,7 @@ def _linear_converter(family: str, wtype: str, target):
     return _converter(linear)
 
 
-def _rotary_converter(kind: BlockKind, target):
+def _rotary(kind: BlockKind, target):
     """RotaryQKV: the target's kernel where it has one (any number of tokens), else reshapes, slices and
     products."""
     c = kind.config
@@ -180,10 +181,10 @@ def _rotary_converter(kind: BlockKind, target):
         v = bb.emit(relax.op.reshape(take(H + HKV, H + 2 * HKV, axis), [*lead, HKV, D]))
         return relax.Tuple([q, k, v])
 
-    return _converter(rotary)
+    return rotary
 
 
-def _attention_converter(kind: BlockKind, target):
+def _attention(kind: BlockKind, target):
     def paged_attention(bb, inputs, attr, params):
         inputs = [bb.normalize(i) for i in inputs]
         if kind.decode and hasattr(target, "split_attention_kernels"):
@@ -195,7 +196,30 @@ def _attention_converter(kind: BlockKind, target):
         gv = _add_kernel(bb, symbol, func)
         return relax.call_tir(gv, inputs, inputs[0].ty)
 
-    return _converter(paged_attention)
+    return paged_attention
+
+
+def _rotary_attention(kind: BlockKind, target):
+    """RotaryPagedAttention (decode variants): the target's split decode attention that rotates q and the
+    new k as it reads them, where it has one (no rotary launch); else RotaryQKV, then PagedAttention."""
+    c = kind.config
+    rotary, attention = _rotary(kind, target), _attention(kind, target)
+
+    def rotary_attention(bb, inputs, attr, params):
+        qkv, cos, sin, split, pages, pt, past = [bb.normalize(i) for i in inputs]
+        if hasattr(target, "split_attention_kernels"):
+            (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind, rotary=True)
+            new_kv = relax.TensorType([1, 1, c.kv_heads, c.head_dim], "float32")
+            workspace = relax.TensorType(target.attention_workspace_shape(kind), "float32")
+            partial = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), [qkv, cos, sin, pages, pt, past],
+                                             [workspace, new_kv, new_kv]))
+            ws, k, v = [bb.emit(relax.TupleGetItem(partial, i)) for i in range(3)]
+            out = relax.TensorType([1, 1, c.heads, c.head_dim], "float32")
+            return relax.Tuple([bb.emit(relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, past], out)), k, v])
+        q, k, v = rotary(bb, [qkv, cos, sin, split], attr, params).fields
+        return relax.Tuple([bb.emit(attention(bb, [q, k, v, pages, pt, past], attr, params)), k, v])
+
+    return rotary_attention
 
 
 def _recurrence_converter(kind: BlockKind, target):
@@ -213,8 +237,9 @@ def _recurrence_converter(kind: BlockKind, target):
 def _custom_ops(kind: BlockKind, target):
     extra = {linear_op(w, family): _linear_converter(family, w, target)
              for w in WEIGHT_TYPES for family in LINEAR_FAMILIES}
-    extra[ROTARY_QKV] = _rotary_converter(kind, target)
-    extra[PAGED_ATTENTION] = _attention_converter(kind, target)
+    extra[ROTARY_QKV] = _converter(_rotary(kind, target))
+    extra[PAGED_ATTENTION] = _converter(_attention(kind, target))
+    extra[ROTARY_ATTENTION] = _converter(_rotary_attention(kind, target))
     extra[GATED_RECURRENCE] = _recurrence_converter(kind, target)
     with _PATCH_LOCK:
         original = onnx_frontend._get_convert_map

@@ -37,8 +37,8 @@ def _run_both(kind, cache_dir, feeds):
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_decoder_block(wtype, variant, cache_dir):
     """The fused decode variant's graph (and a folded kind's at any row count) folds norms, residuals,
-    SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies, TVM (llvm) lowers them
-    to their parts."""
+    SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies (RotaryPagedAttention's
+    calls two more functions), TVM (llvm) lowers them to their parts."""
     kind = llama_block_kind(CFG, {n: wtype for n in BLOCK_LINEARS})
     if variant != "separate":
         kind = fused_kind(kind)
@@ -48,7 +48,10 @@ def test_decoder_block(wtype, variant, cache_dir):
     if variant in ("fused-decode", "fused-folded"):
         kind = kind.decode_variant() if variant == "fused-decode" else kind
         ops = {n.op_type for n in build_block_graph(kind).graph.node}
-        assert {"RotaryQKV", f"RmsNormLinear_{wtype}", f"LinearAdd_{wtype}", f"SwiGLULinearAdd_{wtype}"} <= ops
+        assert {f"RmsNormLinear_{wtype}", f"LinearAdd_{wtype}", f"SwiGLULinearAdd_{wtype}"} <= ops
+        # decode variants: rotary embedding and attention as one op (a GPU rotates as its attention reads)
+        rotary = {"RotaryPagedAttention"} if kind.decode else {"RotaryQKV", "PagedAttention"}
+        assert rotary <= ops and not ({"RotaryQKV", "PagedAttention", "RotaryPagedAttention"} - rotary) & ops
     rng = np.random.default_rng(7)
     weights = random_weights(kind, rng)
     for batch, seq, pasts in DECODE_SHAPES if kind.decode else SHAPES:

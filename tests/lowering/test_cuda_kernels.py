@@ -79,6 +79,32 @@ def test_gpu_heads_carry_an_embedding_gather():
     assert EMBED_FUNCTION not in names(block)
 
 
+def test_fused_decode_steps_rotate_inside_the_split_attention():
+    """A fused decode variant has no rotary kernel: the partial attention kernel takes the Q/K/V projection
+    and the tables, and returns the rotated k and v (the block's outputs) beside its workspace; the prefill
+    kind and an unfused decode variant keep the rotary kernel or ops and the plain partial kernel."""
+    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, fused_kind, kind_for_target, llama_block_kind
+    from jitllm.lowering.onnx_import import to_relax
+    from jitllm.random_model import PRESETS
+
+    cuda = CudaTarget("sm_90", "fast")
+    block = llama_block_kind(PRESETS["tiny"], {n: "q4_0" for n in BLOCK_LINEARS})
+
+    def kernels(kind):
+        return {gv.name_hint for gv in to_relax(kind, build_block_graph(kind), cuda).get_global_vars()}
+
+    decode = kernels(kind_for_target(block, cuda).decode_variant())
+    assert any(k.startswith("jl_gpu_split_attention_partial_append_rotary_") for k in decode)
+    assert not any(k.startswith("jl_gpu_rotary") for k in decode)
+    prefill = kernels(kind_for_target(block, cuda))
+    assert any(k.startswith("jl_gpu_rotary") for k in prefill) and not any("split_attention" in k for k in prefill)
+    unfused = kernels(block.decode_variant())
+    assert any(k.startswith("jl_gpu_split_attention_partial_append_h") for k in unfused)
+    assert fused_kind(block) != block
+    symbol, func = cuda.split_attention_kernels(kind_for_target(block, cuda).decode_variant(), rotary=True)[0]
+    assert [p.name for p in func.params] == ["qkv", "cos", "sin", "pages", "pt", "past", "ws", "k_out", "v_out"]
+
+
 def test_bad_arch_is_a_clear_error():
     for arch in ("sm_", "sm_x9", "compute_90", "90"):
         with pytest.raises(JitllmError, match="bad CUDA arch"):

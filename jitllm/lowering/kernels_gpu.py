@@ -24,6 +24,11 @@ def _i64(v: int) -> tirx.IntImm:
     return tirx.IntImm("int64", v)
 
 
+def shfl_xor(value, lanes: int, dtype: str = "float32"):
+    """`value` from the lane whose index differs from this one's in the bits of `lanes` (whole warp)."""
+    return T.call_extern(dtype, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), value, lanes, 32)
+
+
 def without_params(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
     """`func` without the named parameters: a kernel written once for every variant takes the union
     of their inputs, and each variant drops those its body never reads."""

@@ -3,8 +3,8 @@
 One thread block per group of R=8 interleaved output rows; its threads stride through the group's
 items (a column of 8 weights for float types, a (32-block, byte column) pair for quantized ones), so a
 warp reads one contiguous stretch of the group's bytes per step and every row group keeps a whole
-block of loads in flight. Each thread keeps R partial sums in registers; they meet in shared memory
-in two stages (8 threads, then the rest) and threads 0..R-1 write the R outputs. The row-interleaved
+block of loads in flight. Each thread keeps R partial sums in registers; they meet by warp shuffles,
+then in shared memory, and threads 0..R-1 write the R outputs. The row-interleaved
 layouts keep a group's bytes contiguous, so the whole matrix streams once.
 
 Folded variants (jitllm.ir.ops: RmsNormLinear, LinearAdd, SwiGLULinearAdd) do the small ops around the
@@ -23,7 +23,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import without_params
+from jitllm.lowering.kernels_gpu import shfl_xor, without_params
 
 R = ROW_GROUP
 
@@ -90,33 +90,41 @@ def _input(xv, i, ss, x, nw, kk, K, norm, swiglu):
 
 
 @T.macro
-def _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold):
-    """Each thread's R partial sums -> shared memory -> sums of 8 threads -> threads 0..R-1 store rows
-    (the sum of squares takes the same two stages)."""
-    for r in T.serial(R):
-        part[t, r] = acc[r]
+def _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
+    """Each thread's R partial sums -> per warp by shuffles (three halving exchanges leave each lane one
+    row, lane l row (l >> 2) % 8, then two more add the four lanes of a row) -> shared memory -> threads
+    0..R-1 add the warps' sums and store rows (the sum of squares: five shuffles, then the warps).
+    A two-stage sum through shared memory measured 1-12% slower per matvec on the H200."""
+    lane: T.let = t % 32
+    for i in T.unroll(4):  # lanes 0-15 keep rows 0-3, lanes 16-31 rows 4-7, each adding its partner's
+        keep: T.let = T.Select(lane < 16, acc[i], acc[i + 4])
+        give: T.let = T.Select(lane < 16, acc[i + 4], acc[i])
+        acc[i] = keep + shfl_xor(give, 16)
+    for i in T.unroll(2):
+        keep2: T.let = T.Select(lane % 16 < 8, acc[i], acc[i + 2])
+        give2: T.let = T.Select(lane % 16 < 8, acc[i + 2], acc[i])
+        acc[i] = keep2 + shfl_xor(give2, 8)
+    keep3: T.let = T.Select(lane % 8 < 4, acc[0], acc[1])
+    give3: T.let = T.Select(lane % 8 < 4, acc[1], acc[0])
+    acc[0] = keep3 + shfl_xor(give3, 4)
+    acc[0] = acc[0] + shfl_xor(acc[0], 2)
+    acc[0] = acc[0] + shfl_xor(acc[0], 1)
+    if lane % 4 == 0:
+        part[t // 32, lane // 4] = acc[0]
     if fold.norm:
-        pss[t] = ss[0]
-    T.tvm_storage_sync("shared")
-    acc[0] = T.float32(0)
-    for i in T.serial(R):
-        acc[0] = acc[0] + part[t // R * R + i, t % R]
-    part2[t // R, t % R] = acc[0]
-    if fold.norm:
-        if t % R == 0:
-            ss[0] = T.float32(0)
-            for i in T.serial(R):
-                ss[0] = ss[0] + pss[t + i]
-            pss2[t // R] = ss[0]
+        for m in T.unroll(5):
+            ss[0] = ss[0] + shfl_xor(ss[0], 16 >> m)
+        if lane == 0:
+            pss[t // 32] = ss[0]
     T.tvm_storage_sync("shared")
     if t < R:
         acc[1] = T.float32(0)
-        for c in T.serial(NT // R):
-            acc[1] = acc[1] + part2[c, t]
+        for w in T.unroll(NT // 32):
+            acc[1] = acc[1] + part[w, t]
         if fold.norm:
             acc[2] = T.float32(0)
-            for c in T.serial(NT // R):
-                acc[2] = acc[2] + pss2[c]
+            for w in T.unroll(NT // 32):
+                acc[2] = acc[2] + pss[w]
             acc[1] = acc[1] / T.sqrt(acc[2] / T.float32(K) + T.float32(fold.eps))
         if fold.residual:
             acc[1] = acc[1] + res[0, g, t]
@@ -180,10 +188,8 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
     items, then the two-stage sum and store. `q` holds the weights (float) or their quants."""
     for g in T.thread_binding(G, thread="blockIdx.x"):
         for t in T.thread_binding(NT, thread="threadIdx.x"):
-            part = T.alloc_buffer((NT, R), "float32", scope="shared")
-            part2 = T.alloc_buffer((NT // R, R), "float32", scope="shared")
-            pss = T.alloc_buffer((NT,), "float32", scope="shared")
-            pss2 = T.alloc_buffer((NT // R,), "float32", scope="shared")
+            part = T.alloc_buffer((NT // 32, R), "float32", scope="shared")  # each warp's row sums
+            pss = T.alloc_buffer((NT // 32,), "float32", scope="shared")  # each warp's sum of squares
             acc = T.alloc_buffer((R,), "float32", scope="local")
             ss = T.alloc_buffer((1,), "float32", scope="local")
             xv = T.alloc_buffer((2,), "float32", scope="local")
@@ -200,7 +206,7 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
                         _q8_0_item(acc, xv, ss, ql, dl, q, d, x, nw, g, step * NT + t, K, fold)
                     else:
                         _q4_item(acc, xv, ss, ql, dl, ml, q, d, mn, x, nw, g, step * NT + t, K, fmt == "q4_1", fold)
-            _block_sum_and_store(part, part2, pss, pss2, acc, ss, t, g, y, res, NT, K, fold)
+            _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold)
 
 
 def _float(wtype: str, G: int, K: int, fold: Fold):

@@ -28,7 +28,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
-from jitllm.lowering.kernels_gpu import without_params
+from jitllm.lowering.kernels_gpu import shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
 
 R = ROW_GROUP
@@ -64,11 +64,6 @@ def _perm(a, b, selector: int):
 
 def _dp4a(a, b, c):
     return T.call_pure_extern("int32", "__dp4a", a, b, c)
-
-
-def shfl_xor(value, lanes: int, dtype: str = "float32"):
-    """`value` from the lane whose index differs from this one's in the bits of `lanes` (whole warp)."""
-    return T.call_extern(dtype, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), value, lanes, 32)
 
 
 @T.macro

@@ -29,9 +29,8 @@ from tvm.script import tirx as T
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import without_params
+from jitllm.lowering.kernels_gpu import shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold
-from jitllm.lowering.kernels_gpu_gemv_int8 import shfl_xor
 
 R = ROW_GROUP
 BK = QUANT_BLOCK

@@ -84,16 +84,21 @@ class CudaTarget:
         return mma_linear_kernel(wtype, n, k, self.kernels == "exact", bm, family, eps)
 
     def prefill_gemm_kernels(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
-        """The fast family's prefill linear on sm_80 on as two kernels, (operand pass, GEMM): x (its norm
-        or SwiGLU applied) written once as f16, then the ldmatrix + mma.sync GEMM with the residual added
-        as it stores (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
+        """The fast family's prefill linear on sm_80 on as (operand pass, GEMM, split sum or None): x (its
+        norm or SwiGLU applied) written once as f16, then the ldmatrix + mma.sync GEMM with the residual
+        added as it stores, or, where its tiling splits K, by the kernel that adds the splits' sums
+        (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
         from jitllm.ir.ops import LINEAR_ADD, SWIGLU_LINEAR_ADD
-        from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel
+        from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel, splitk_sum_kernel, tiling_for
 
         if self.kernels != "fast" or self.compute_capability < 80:
             return None
-        gemm = gemm_kernel(wtype, n, k, residual=family in (LINEAR_ADD, SWIGLU_LINEAR_ADD))
-        return None if gemm is None else (operand_kernel(family, k, eps), gemm)
+        residual = family in (LINEAR_ADD, SWIGLU_LINEAR_ADD)
+        gemm = gemm_kernel(wtype, n, k, residual)
+        if gemm is None:
+            return None
+        splits = tiling_for(n, k, wtype).splits
+        return operand_kernel(family, k, eps), gemm, splitk_sum_kernel(n, splits, residual) if splits > 1 else None
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""

@@ -51,6 +51,7 @@ class Tiling:
     stages: int
     bk: int
     async_a: bool
+    splits: int = 1  # K split over this many thread blocks per tile, their sums added by splitk_sum_kernel
 
     @property
     def threads(self) -> int:
@@ -58,20 +59,31 @@ class Tiling:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}" + ("c" if self.async_a else "")
+        return (f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}" + ("c" if self.async_a else "")
+                + (f"k{self.splits}" if self.splits > 1 else ""))
 
 
 WIDE = Tiling(128, 128, 2, 4, 3, 64, True)
 NARROW = Tiling(64, 64, 2, 2, 2, 64, False)
 
 
-def tiling_for(n: int) -> Tiling:
-    """Measured on the H200 (bench/gpu_kernels.py, 512 and 2048 rows of the 3B and SmolLM2 shapes):
-    128 x 128 tiles of 8 warps (each 64 x 32, activations by cp.async) for N >= 8192; 64 x 64 tiles of 4
-    warps for narrower outputs (a 512-row prefill of a 3072-wide output is then 384 thread blocks instead
-    of 96: 0.7-0.95x the time of 128 x 128 tiles at 512 rows, though 1.3x at 2048 rows; a branch on the
-    row count between two kernels trips TVM's shared-memory sync planner)."""
-    return WIDE if n >= 8192 and n % WIDE.bn == 0 else NARROW
+def tiling_for(n: int, k: int, wtype: str) -> Tiling:
+    """Measured on the H200 (bench/gpu_kernels.py and stop 17's split-K comparison, 512 and 2048 rows of the
+    3B shape): 128 x 128 tiles of 8 warps (each 64 x 32, activations by cp.async) for N >= 8192; for
+    narrower outputs the same tiles with K split over 4 thread blocks where K >= 8192 (the down
+    projection, 3072 x 8192 at 512 rows: 138 -> 102 us f16, 139 -> 108 us Q4_0) or over 2 for f16 weights
+    (Q/K/V 92 -> 83 us, O 52.5 -> 53.8 us; at 2048 rows 326 -> 273 and 200 -> 169), the splits' sums
+    added with the residual by splitk_sum_kernel; else 64 x 64 tiles of 4 warps (quantized Q/K/V and O:
+    their split variants lost at 512 rows)."""
+    if n % WIDE.bn:
+        return NARROW
+    if n >= 8192:
+        return WIDE
+    if k >= 8192 and k % (WIDE.bk * 4) == 0:
+        return replace(WIDE, splits=4)
+    if wtype == "f16" and k % (WIDE.bk * 2) == 0:
+        return replace(WIDE, splits=2)
+    return NARROW
 
 
 def operand_prep(family: str) -> str:
@@ -153,21 +165,62 @@ def _operand(prep: str, K: int, eps: float) -> tvm.tirx.PrimFunc:
 def gemm_kernel(wtype: str, n: int, k: int, residual: bool = False,
                 tiling: Tiling | None = None) -> tuple[str, tvm.tirx.PrimFunc] | None:
     """y [M, N] = a [M, K] (f16) · Wᵀ (+ res [M, N] where `residual`), or None where the shape does not
-    tile (N not a multiple of 64, f32 weights). `tiling`: tiling_for(n) unless given (K steps of 32
-    where K is no multiple of 64)."""
-    tiling = tiling or tiling_for(n)
+    tile (N not a multiple of 64, f32 weights). `tiling`: tiling_for(n, k, wtype) unless given (K steps
+    of 32 where K is no multiple of 64). With K split (tiling.splits > 1) the kernel stores each split's
+    sums, y [splits, M, N], and takes no residual: splitk_sum_kernel adds them."""
+    tiling = tiling or tiling_for(n, k, wtype)
     if k % tiling.bk:
         tiling = replace(tiling, bk=BK)
-    if wtype not in GEMM_FORMATS or k % tiling.bk or not _fits(wtype, n, tiling):
+    if wtype not in GEMM_FORMATS or k % tiling.bk or not _fits(wtype, n, k, tiling):
         return None
-    symbol = f"jl_gpu_gemm_{wtype}_{n}x{k}_{tiling.name}" + ("_add" if residual else "")
+    symbol = f"jl_gpu_gemm_{wtype}_{n}x{k}_{tiling.name}" + ("_add" if residual and tiling.splits == 1 else "")
     return symbol, _gemm(wtype, n, k, tiling, residual).with_attr("global_symbol", symbol)
 
 
-def _fits(wtype: str, n: int, tl: Tiling) -> bool:
-    """Whether every thread gets whole items of the tile's loads."""
+def splitk_sum_kernel(n: int, splits: int, residual: bool) -> tuple[str, tvm.tirx.PrimFunc]:
+    """y [M, N] = the K splits' sums ws [splits, M, N] added (+ res [M, N]); one thread block per row,
+    four columns per item."""
+    symbol = f"jl_gpu_splitk_sum_{n}_s{splits}" + ("_add" if residual else "")
+    NT = 128
+    CH = (n // 4 + NT - 1) // NT
+
+    @T.prim_func
+    def f(ws_h: T.handle, res_h: T.handle, y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        ws = T.match_buffer(ws_h, (splits, M, n), "float32")
+        res = T.match_buffer(res_h, (M, n), "float32")
+        y = T.match_buffer(y_h, (M, n), "float32")
+        for row in T.thread_binding(M, thread="blockIdx.x"):
+            for t in T.thread_binding(NT, thread="threadIdx.x"):
+                v = T.alloc_buffer((4,), "float32", scope="local")
+                u = T.alloc_buffer((4,), "float32", scope="local")
+                for i in T.unroll(CH):
+                    c: T.let = i * NT + t
+                    if c < n // 4:
+                        if residual:
+                            for e in T.vectorized(4):
+                                v[e] = res[row, c * 4 + e]
+                        else:
+                            for e in T.vectorized(4):
+                                v[e] = T.float32(0)
+                        for sp in T.unroll(splits):
+                            for e in T.vectorized(4):
+                                u[e] = ws[sp, row, c * 4 + e]
+                            for e in T.serial(4):
+                                v[e] = v[e] + u[e]
+                        for e in T.vectorized(4):
+                            y[row, c * 4 + e] = v[e]
+
+    func = f if residual else without_params(f, {"res"})
+    return symbol, func.with_attr("global_symbol", symbol)
+
+
+def _fits(wtype: str, n: int, k: int, tl: Tiling) -> bool:
+    """Whether every thread gets whole items of the tile's loads, and every split whole K steps."""
     weight_items = tl.bn // R * BK // (1 if wtype in ("f16", "q8_0") else 2)
-    return n % tl.bn == 0 and weight_items % tl.threads == 0 and tl.bm * tl.bk // 8 % tl.threads == 0
+    return (n % tl.bn == 0 and weight_items % tl.threads == 0 and tl.bm * tl.bk // 8 % tl.threads == 0
+            and k % (tl.bk * tl.splits) == 0)
 
 
 def ldmatrix(frag, at: int, buf, offset, trans: bool):
@@ -242,76 +295,82 @@ def _store_weights(qv, dv, mv, b_s, wv, hv, t, BN, NT, LDB, fmt, stage, TK):
 
 @T.macro
 def _body(a, q, d, mn, res, y, M, N, KT, BM, BN, TK, WARPS_N, STAGES, NT, LDA, LDB, WM, WN, FM, FN, fmt, qdtype,
-          residual, async_a):
-    """KT: steps of TK over K; WM x WN: a warp's tile, FM x FN: its m16 x n8 fragments. Tiles in
+          residual, async_a, S):
+    """KT: steps of TK over K (S > 1: each of the S thread blocks of a tile takes KT / S of them and stores
+    its sums as y[split]); WM x WN: a warp's tile, FM x FN: its m16 x n8 fragments. Tiles in
     registers are stored to shared memory one step ahead of the products and loaded two steps ahead.
     Row tiles are the fast grid index: the thread blocks that share a column tile of W run together, so
     W streams from memory once while the activations (a few MB) stay in L2."""
     for bm in T.thread_binding((M + BM - 1) // BM, thread="blockIdx.x"):
         for bn in T.thread_binding(N // BN, thread="blockIdx.y"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                a_s = T.alloc_buffer((STAGES * BM * LDA,), "float16", scope="shared.dyn")
-                b_s = T.alloc_buffer((STAGES * TK * LDB,), "float16", scope="shared.dyn")
-                fa = T.alloc_buffer((2 * FM * 8,), "float16", scope="local")
-                fb = T.alloc_buffer((2 * FN * 4,), "float16", scope="local")
-                acc = T.alloc_buffer((FM * FN * 4,), "float32", scope="local")
-                av = T.alloc_buffer((BM * TK // NT,), "float16", scope="local")
-                qv = T.alloc_buffer((BN * TK // NT,), qdtype, scope="local")
-                dv = T.alloc_buffer((BN * TK // NT,), "float16", scope="local")
-                mv = T.alloc_buffer((BN * TK // NT,), "float16", scope="local")
-                wv = T.alloc_buffer((R,), "float32", scope="local")
-                hv = T.alloc_buffer((R,), "float16", scope="local")
-                lane: T.let = t % 32
-                wm: T.let = t // 32 // WARPS_N
-                wn: T.let = t // 32 % WARPS_N
-                for i in T.serial(FM * FN * 4):
-                    acc[i] = T.float32(0)
-                if async_a:
-                    for s in T.unroll(STAGES - 1):
-                        if s < KT:
-                            _copy_a(a, a_s, M, bm, s, s, t, BM, TK, NT, LDA)
-                        T.evaluate(T.ptx["cp.async.commit_group"]())
-                else:  # tile 0 into stage 0 now, tile 1 into registers
-                    _load_a(a, av, M, bm, 0, t, BM, TK, NT)
-                    _store_a(av, a_s, 0, t, BM, TK, NT, LDA)
-                    _load_a(a, av, M, bm, T.min(1, KT - 1), t, BM, TK, NT)
-                _load_weights(q, d, mn, qv, dv, mv, bn, 0, t, BN, NT, fmt, TK)
-                _store_weights(qv, dv, mv, b_s, wv, hv, t, BN, NT, LDB, fmt, 0, TK)
-                _load_weights(q, d, mn, qv, dv, mv, bn, T.min(1, KT - 1), t, BN, NT, fmt, TK)
-                for kt in T.serial(KT):
+            for sp in T.thread_binding(S, thread="blockIdx.z"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    a_s = T.alloc_buffer((STAGES * BM * LDA,), "float16", scope="shared.dyn")
+                    b_s = T.alloc_buffer((STAGES * TK * LDB,), "float16", scope="shared.dyn")
+                    fa = T.alloc_buffer((2 * FM * 8,), "float16", scope="local")
+                    fb = T.alloc_buffer((2 * FN * 4,), "float16", scope="local")
+                    acc = T.alloc_buffer((FM * FN * 4,), "float32", scope="local")
+                    av = T.alloc_buffer((BM * TK // NT,), "float16", scope="local")
+                    qv = T.alloc_buffer((BN * TK // NT,), qdtype, scope="local")
+                    dv = T.alloc_buffer((BN * TK // NT,), "float16", scope="local")
+                    mv = T.alloc_buffer((BN * TK // NT,), "float16", scope="local")
+                    wv = T.alloc_buffer((R,), "float32", scope="local")
+                    hv = T.alloc_buffer((R,), "float16", scope="local")
+                    lane: T.let = t % 32
+                    wm: T.let = t // 32 // WARPS_N
+                    wn: T.let = t // 32 % WARPS_N
+                    KS: T.let = KT // S  # this split's steps, from step k0
+                    k0: T.let = sp * (KT // S)
+                    for i in T.serial(FM * FN * 4):
+                        acc[i] = T.float32(0)
                     if async_a:
-                        T.evaluate(T.ptx["cp.async.wait_group"](STAGES - 2))
-                    T.tvm_storage_sync("shared")
-                    if async_a:
-                        if kt + STAGES - 1 < KT:
-                            _copy_a(a, a_s, M, bm, kt + STAGES - 1, (kt + STAGES - 1) % STAGES, t, BM, TK, NT, LDA)
-                        T.evaluate(T.ptx["cp.async.commit_group"]())
-                    elif kt + 1 < KT:
-                        _store_a(av, a_s, (kt + 1) % STAGES, t, BM, TK, NT, LDA)
-                        _load_a(a, av, M, bm, T.min(kt + 2, KT - 1), t, BM, TK, NT)
-                    if kt + 1 < KT:
-                        _store_weights(qv, dv, mv, b_s, wv, hv, t, BN, NT, LDB, fmt, (kt + 1) % STAGES, TK)
-                        _load_weights(q, d, mn, qv, dv, mv, bn, T.min(kt + 2, KT - 1), t, BN, NT, fmt, TK)
-                    _fragments(fa, fb, a_s, b_s, kt % STAGES, 0, 0, lane, wm, wn, BM, TK, LDA, LDB, WM, WN, FM, FN)
-                    for ks in T.unroll(TK // 16):
-                        if ks + 1 < TK // 16:
-                            _fragments(fa, fb, a_s, b_s, kt % STAGES, ks + 1, (ks + 1) % 2, lane, wm, wn, BM, TK,
-                                       LDA, LDB, WM, WN, FM, FN)
-                        for i in T.unroll(FM):
-                            for j in T.unroll(FN):
-                                T.evaluate(mma(fa, (ks % 2 * FM + i) * 8, fb, (ks % 2 * FN + j) * 4, acc,
-                                               (i * FN + j) * 4))
-                for i in T.unroll(FM):
-                    for j in T.unroll(FN):
-                        for half in T.unroll(2):
-                            row: T.let = bm * BM + T.Cast("int64", wm * WM + i * 16 + half * 8 + lane // 4)
-                            col: T.let = bn * BN + wn * WN + j * 8 + lane % 4 * 2
-                            if row < M:
-                                for e in T.vectorized(2):
-                                    if residual:
-                                        y[row, col + e] = acc[(i * FN + j) * 4 + half * 2 + e] + res[row, col + e]
-                                    else:
-                                        y[row, col + e] = acc[(i * FN + j) * 4 + half * 2 + e]
+                        for s in T.unroll(STAGES - 1):
+                            if s < KS:
+                                _copy_a(a, a_s, M, bm, k0 + s, s, t, BM, TK, NT, LDA)
+                            T.evaluate(T.ptx["cp.async.commit_group"]())
+                    else:  # tile 0 into stage 0 now, tile 1 into registers
+                        _load_a(a, av, M, bm, k0, t, BM, TK, NT)
+                        _store_a(av, a_s, 0, t, BM, TK, NT, LDA)
+                        _load_a(a, av, M, bm, k0 + T.min(1, KS - 1), t, BM, TK, NT)
+                    _load_weights(q, d, mn, qv, dv, mv, bn, k0, t, BN, NT, fmt, TK)
+                    _store_weights(qv, dv, mv, b_s, wv, hv, t, BN, NT, LDB, fmt, 0, TK)
+                    _load_weights(q, d, mn, qv, dv, mv, bn, k0 + T.min(1, KS - 1), t, BN, NT, fmt, TK)
+                    for kt in T.serial(KS):
+                        if async_a:
+                            T.evaluate(T.ptx["cp.async.wait_group"](STAGES - 2))
+                        T.tvm_storage_sync("shared")
+                        if async_a:
+                            if kt + STAGES - 1 < KS:
+                                _copy_a(a, a_s, M, bm, k0 + kt + STAGES - 1, (kt + STAGES - 1) % STAGES, t, BM, TK, NT, LDA)
+                            T.evaluate(T.ptx["cp.async.commit_group"]())
+                        elif kt + 1 < KS:
+                            _store_a(av, a_s, (kt + 1) % STAGES, t, BM, TK, NT, LDA)
+                            _load_a(a, av, M, bm, k0 + T.min(kt + 2, KS - 1), t, BM, TK, NT)
+                        if kt + 1 < KS:
+                            _store_weights(qv, dv, mv, b_s, wv, hv, t, BN, NT, LDB, fmt, (kt + 1) % STAGES, TK)
+                            _load_weights(q, d, mn, qv, dv, mv, bn, k0 + T.min(kt + 2, KS - 1), t, BN, NT, fmt, TK)
+                        _fragments(fa, fb, a_s, b_s, kt % STAGES, 0, 0, lane, wm, wn, BM, TK, LDA, LDB, WM, WN, FM, FN)
+                        for ks in T.unroll(TK // 16):
+                            if ks + 1 < TK // 16:
+                                _fragments(fa, fb, a_s, b_s, kt % STAGES, ks + 1, (ks + 1) % 2, lane, wm, wn, BM, TK,
+                                           LDA, LDB, WM, WN, FM, FN)
+                            for i in T.unroll(FM):
+                                for j in T.unroll(FN):
+                                    T.evaluate(mma(fa, (ks % 2 * FM + i) * 8, fb, (ks % 2 * FN + j) * 4, acc,
+                                                   (i * FN + j) * 4))
+                    for i in T.unroll(FM):
+                        for j in T.unroll(FN):
+                            for half in T.unroll(2):
+                                row: T.let = bm * BM + T.Cast("int64", wm * WM + i * 16 + half * 8 + lane // 4)
+                                col: T.let = bn * BN + wn * WN + j * 8 + lane % 4 * 2
+                                if row < M:
+                                    for e in T.vectorized(2):
+                                        if S > 1:
+                                            y[sp, row, col + e] = acc[(i * FN + j) * 4 + half * 2 + e]
+                                        elif residual:
+                                            y[row, col + e] = acc[(i * FN + j) * 4 + half * 2 + e] + res[row, col + e]
+                                        else:
+                                            y[row, col + e] = acc[(i * FN + j) * 4 + half * 2 + e]
 
 
 def _gemm(wtype: str, N: int, K: int, tl: Tiling, residual: bool) -> tvm.tirx.PrimFunc:
@@ -330,7 +389,28 @@ def _gemm(wtype: str, N: int, K: int, tl: Tiling, residual: bool) -> tvm.tirx.Pr
         a = T.match_buffer(a_h, (M, K), "float16")
         res = T.match_buffer(res_h, (M, N), "float32")
         y = T.match_buffer(y_h, (M, N), "float32")
-        _body(a, q, d, mn, res, y, M, N, *shape, wtype, qdtype, residual, tl.async_a)
+        _body(a, q, d, mn, res, y, M, N, *shape, wtype, qdtype, residual, tl.async_a, 1)
 
-    unused = {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"}) | (set() if residual else {"res"})
+    unused = {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
+    if tl.splits > 1:
+        f = _split_gemm(wtype, N, K, tl, shape)
+    elif not residual:
+        unused = unused | {"res"}
     return without_params(f, unused)
+
+
+def _split_gemm(wtype: str, N: int, K: int, tl: Tiling, shape: tuple) -> tvm.tirx.PrimFunc:
+    """Parameters a, the weight parts, y [splits, M, N] (each split's sums; splitk_sum_kernel adds them)."""
+    G, NB = N // R, K // QUANT_BLOCK
+    _, qshape, qdtype = weight_parts(wtype, N, K)[0]
+
+    @T.prim_func
+    def f(a_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
+          mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        a = T.match_buffer(a_h, (M, K), "float16")
+        y = T.match_buffer(y_h, (tl.splits, M, N), "float32")
+        _body(a, q, d, mn, None, y, M, N, *shape, wtype, qdtype, False, tl.async_a, tl.splits)
+
+    return f

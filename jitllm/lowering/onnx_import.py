@@ -87,25 +87,31 @@ def _plain_linear(bb, target, wtype: str, x: relax.Expr, parts: list[relax.Expr]
 def _prefill_linear(bb, target, family: str, wtype: str, x: relax.Expr, extras: list, parts: list, n: int,
                     eps: float) -> relax.Expr | None:
     """The target's folded kernels over any number of rows, with x and the residual as [M, ...]
-    matrices: an operand pass then a GEMM (`prefill_gemm_kernels`), or one kernel
+    matrices: an operand pass then a GEMM (`prefill_gemm_kernels`; where it splits K, a kernel adding
+    the splits' sums after it), or one kernel
     (`prefill_linear_kernel`); None where the target has neither for this family and shape."""
     lead, m = _rows(x)
     kx = int(x.ty.shape.values[-1])
     k = kx // 2 if family == SWIGLU_LINEAR_ADD else kx
     if isinstance(m, int):
         return None
-    two = target.prefill_gemm_kernels(family, wtype, n, k, eps) if hasattr(target, "prefill_gemm_kernels") else None
-    one = None if two or not hasattr(target, "prefill_linear_kernel") else \
+    gemm_calls = target.prefill_gemm_kernels(family, wtype, n, k, eps) if hasattr(target, "prefill_gemm_kernels") else None
+    one = None if gemm_calls or not hasattr(target, "prefill_linear_kernel") else \
         target.prefill_linear_kernel(family, wtype, n, k, eps)
-    if not (two or one):
+    if not (gemm_calls or one):
         return None
     x2 = bb.emit(relax.op.reshape(x, [m, kx]))
     residual = [bb.emit(relax.op.reshape(e, [m, n])) for e in extras] if family != NORM_LINEAR else []
     out = relax.TensorType([m, n], "float32")
-    if two:
-        (operand, gemm), norm = two, [extras[0]] if family == NORM_LINEAR else []
+    if gemm_calls:
+        (operand, gemm, split_sum), norm = gemm_calls, [extras[0]] if family == NORM_LINEAR else []
         a = bb.emit(relax.call_tir(_add_kernel(bb, *operand), [x2, *norm], relax.TensorType([m, k], "float16")))
-        y = bb.emit(relax.call_tir(_add_kernel(bb, *gemm), [a, *parts, *residual], out))
+        if split_sum is None:
+            y = bb.emit(relax.call_tir(_add_kernel(bb, *gemm), [a, *parts, *residual], out))
+        else:  # each K split's sums, then added (with the residual)
+            splits = int(gemm[1].params[-1].shape[0])
+            sums = bb.emit(relax.call_tir(_add_kernel(bb, *gemm), [a, *parts], relax.TensorType([splits, m, n], "float32")))
+            y = bb.emit(relax.call_tir(_add_kernel(bb, *split_sum), [sums, *residual], out))
     else:
         args = [x2, extras[0], *parts] if family == NORM_LINEAR else [x2, *parts, *residual]
         y = bb.emit(relax.call_tir(_add_kernel(bb, *one), args, out))

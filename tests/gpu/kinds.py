@@ -12,6 +12,9 @@ from jitllm.random_model import PRESETS
 TEST_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 WIDE_FFN_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 4096, 256, 512, 10000.0, 1e-5)
 """Gate/up 8192 wide: the fast family's prefill takes its 128-row tensor-core tiles there."""
+SPLIT_K_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 8192, 256, 512, 10000.0, 1e-5)
+"""Outputs 128-divisible and narrower than 8192: the fast family's prefill GEMMs split K (the down
+projection, K 8192, over 4 splits; f16 Q/K/V and O over 2) and add the splits' sums afterwards."""
 
 
 def gpu_test_kinds():
@@ -21,7 +24,7 @@ def gpu_test_kinds():
     tiny = PRESETS["tiny"]
     kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]
     kinds = [kind_for_target(k, CudaTarget()) for k in kinds]  # as the CUDA target runs them
-    wide = [kind_for_target(llama_block_kind(WIDE_FFN_CFG, {n: w for n in BLOCK_LINEARS}), CudaTarget())
-            for w in ("f16", "q4_0")]  # (prefill only, after the rest: tests index the list above)
+    wide = [kind_for_target(llama_block_kind(cfg, {n: w for n in BLOCK_LINEARS}), CudaTarget())
+            for cfg in (WIDE_FFN_CFG, SPLIT_K_CFG) for w in ("f16", "q4_0")]  # (prefill only, after the rest: tests index the list above)
     return kinds + [k.decode_variant() for k in kinds] + wide
 

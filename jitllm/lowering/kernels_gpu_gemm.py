@@ -184,33 +184,35 @@ def splitk_sum_kernel(n: int, splits: int, residual: bool) -> tuple[str, tvm.tir
     NT = 128
     CH = (n // 4 + NT - 1) // NT
 
-    @T.prim_func
+    # a root block (s_tir): Relax's RewriteDataflowReshape requires one of a one-input, one-output kernel
+    @T.prim_func(s_tir=True)
     def f(ws_h: T.handle, res_h: T.handle, y_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         M = T.int64()
         ws = T.match_buffer(ws_h, (splits, M, n), "float32")
         res = T.match_buffer(res_h, (M, n), "float32")
         y = T.match_buffer(y_h, (M, n), "float32")
-        for row in T.thread_binding(M, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
-                v = T.alloc_buffer((4,), "float32", scope="local")
-                u = T.alloc_buffer((4,), "float32", scope="local")
-                for i in T.unroll(CH):
-                    c: T.let = i * NT + t
-                    if c < n // 4:
-                        if residual:
+        with T.sblock("root"):
+            for row in T.thread_binding(M, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    v = T.alloc_buffer((4,), "float32", scope="local")
+                    u = T.alloc_buffer((4,), "float32", scope="local")
+                    for i in T.unroll(CH):
+                        c: T.let = i * NT + t
+                        if c < n // 4:
+                            if residual:
+                                for e in T.vectorized(4):
+                                    v[e] = res[row, c * 4 + e]
+                            else:
+                                for e in T.vectorized(4):
+                                    v[e] = T.float32(0)
+                            for sp in T.unroll(splits):
+                                for e in T.vectorized(4):
+                                    u[e] = ws[sp, row, c * 4 + e]
+                                for e in T.serial(4):
+                                    v[e] = v[e] + u[e]
                             for e in T.vectorized(4):
-                                v[e] = res[row, c * 4 + e]
-                        else:
-                            for e in T.vectorized(4):
-                                v[e] = T.float32(0)
-                        for sp in T.unroll(splits):
-                            for e in T.vectorized(4):
-                                u[e] = ws[sp, row, c * 4 + e]
-                            for e in T.serial(4):
-                                v[e] = v[e] + u[e]
-                        for e in T.vectorized(4):
-                            y[row, c * 4 + e] = v[e]
+                                y[row, c * 4 + e] = v[e]
 
     func = f if residual else without_params(f, {"res"})
     return symbol, func.with_attr("global_symbol", symbol)

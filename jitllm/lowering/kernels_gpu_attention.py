@@ -11,7 +11,9 @@ length (it is read from `past` on the device), so the launch can live in a CUDA 
 
 The partial kernel also appends the step's K and V to the pages (the chunk-0 block of each KV head
 writes position `past`, which no block reads from the pages: the scores take the new token's K and V
-from the inputs), so a decode step needs no separate append launch (`APPENDS_KV`).
+from the inputs), so a decode step needs no separate append launch (`APPENDS_KV`). In fused decode
+variants (RotaryPagedAttention) it reads q, k and v from the Q/K/V projection itself and applies the
+rotary embedding as it reads them, so the step has no rotary launch either.
 """
 
 from __future__ import annotations

@@ -196,7 +196,6 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
                         ws[kv, chunk, tx, D] = run[0]
                         ws[kv, chunk, tx, D + 1] = run[1]
 
-
     if rotary:
         @T.prim_func
         def f(qkv: T.Buffer((1, 1, QD + 2 * KVD), "float32"), cos: T.Buffer((1, 1, D // 2), "float32"),

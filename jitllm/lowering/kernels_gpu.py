@@ -15,6 +15,7 @@ from tvm import te, tirx
 from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, BlockKind
+from jitllm.ir.layouts import weight_parts
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two
@@ -27,6 +28,12 @@ def _i64(v: int) -> tirx.IntImm:
 def shfl_xor(value, lanes: int, dtype: str = "float32"):
     """`value` from the lane whose index differs from this one's in the bits of `lanes` (whole warp)."""
     return T.call_extern(dtype, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), value, lanes, 32)
+
+
+def absent_weight_params(wtype: str) -> set[str]:
+    """The weight parameters (q, d, mn: quants or float weights, scales, minimums) a kernel written for
+    every format drops for `wtype`: those beyond its parts in jitllm.ir.layouts.weight_parts."""
+    return set(("d", "mn")[len(weight_parts(wtype, ROW_GROUP, QUANT_BLOCK)) - 1:])
 
 
 def without_params(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
@@ -296,8 +303,6 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
     """ids [1, n] (int32) -> x [1, n, hidden] (f32): the rows of a [vocab, hidden] table in the row-group
     layout (jitllm.ir.layouts.weight_parts; parameters ids, the parts, x), dequantized as
     jitllm.quant.dequantize_rows does on the host."""
-    from jitllm.ir.layouts import weight_parts
-
     parts = weight_parts(wtype, vocab, hidden)
     (_, qshape, qdtype), NB = parts[0], hidden // QUANT_BLOCK
     G, K, NT_E = vocab // R, hidden, 128
@@ -330,5 +335,4 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
                         else:
                             x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * (nib - T.float32(8))
 
-    unused = {"f32": {"d", "mn"}, "f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
-    return symbol, without_params(f, unused).with_attr("global_symbol", symbol)
+    return symbol, without_params(f, absent_weight_params(wtype)).with_attr("global_symbol", symbol)

@@ -28,7 +28,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
-from jitllm.lowering.kernels_gpu import shfl_xor, without_params
+from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
 
 R = ROW_GROUP
@@ -236,7 +236,7 @@ def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold):
                                 _q8_0_item(acc, gi * R, wl, rw, dl, qw, d, xq, xd, blk * RG + gi, step * NT + t, NB)
                 _sum_and_store(part, part2, acc, ss, t, blk, y, res, NT, O, RG, fold)
 
-    return f if q4_1 else without_params(f, {"mn"})
+    return without_params(f, absent_weight_params(wtype))
 
 
 @T.macro

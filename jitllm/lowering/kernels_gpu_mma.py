@@ -29,7 +29,7 @@ from tvm.script import tirx as T
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import shfl_xor, without_params
+from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold
 
 R = ROW_GROUP
@@ -293,6 +293,6 @@ def _kernel(wtype: str, N: int, K: int, BN: int, split: bool, BM: int, fold: Fol
         y = T.match_buffer(y_h, (M, N), "float32")
         _body(x, nw, q, d, mn, res, y, M, N, K, *tile, wtype, qdtype, split, fold)
 
-    unused = {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
+    unused = absent_weight_params(wtype)
     unused |= {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
     return without_params(f, unused)

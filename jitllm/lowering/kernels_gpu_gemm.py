@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.layouts import weight_parts
 from jitllm.ir.ops import NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import shfl_xor, without_params
+from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_mma import WMMA_FORMATS, load_w, store_w
 
 R = ROW_GROUP
@@ -376,12 +376,14 @@ def _body(a, q, d, mn, res, y, M, N, KT, BM, BN, TK, WARPS_N, STAGES, NT, LDA, L
 
 
 def _gemm(wtype: str, N: int, K: int, tl: Tiling, residual: bool) -> tvm.tirx.PrimFunc:
-    """Parameters a, the weight parts (f16: q; Q8_0 and Q4_0: q, d; Q4_1: q, d, mn), res (residual only), y."""
-    G, NB = N // R, K // QUANT_BLOCK
+    """Parameters a, the weight parts (f16: q; Q8_0 and Q4_0: q, d; Q4_1: q, d, mn), res (residual, K not
+    split only), y ([splits, M, N] where K is split)."""
+    G, NB, S = N // R, K // QUANT_BLOCK, tl.splits
     _, qshape, qdtype = weight_parts(wtype, N, K)[0]
     WM, WN = tl.bm // tl.warps_m, tl.bn // tl.warps_n
     shape = (K // tl.bk, tl.bm, tl.bn, tl.bk, tl.warps_n, tl.stages, tl.threads, tl.bk + PAD, tl.bn + PAD, WM, WN,
              WM // 16, WN // 8)
+    adds = residual and S == 1  # (split K: the sum kernel adds the residual)
 
     @T.prim_func
     def f(a_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
@@ -390,29 +392,7 @@ def _gemm(wtype: str, N: int, K: int, tl: Tiling, residual: bool) -> tvm.tirx.Pr
         M = T.int64()
         a = T.match_buffer(a_h, (M, K), "float16")
         res = T.match_buffer(res_h, (M, N), "float32")
-        y = T.match_buffer(y_h, (M, N), "float32")
-        _body(a, q, d, mn, res, y, M, N, *shape, wtype, qdtype, residual, tl.async_a, 1)
+        y = T.match_buffer(y_h, (S, M, N) if S > 1 else (M, N), "float32")
+        _body(a, q, d, mn, res, y, M, N, *shape, wtype, qdtype, adds, tl.async_a, S)
 
-    unused = {"f16": {"d", "mn"}, "q4_1": set()}.get(wtype, {"mn"})
-    if tl.splits > 1:
-        f = _split_gemm(wtype, N, K, tl, shape)
-    elif not residual:
-        unused = unused | {"res"}
-    return without_params(f, unused)
-
-
-def _split_gemm(wtype: str, N: int, K: int, tl: Tiling, shape: tuple) -> tvm.tirx.PrimFunc:
-    """Parameters a, the weight parts, y [splits, M, N] (each split's sums; splitk_sum_kernel adds them)."""
-    G, NB = N // R, K // QUANT_BLOCK
-    _, qshape, qdtype = weight_parts(wtype, N, K)[0]
-
-    @T.prim_func
-    def f(a_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
-          mn: T.Buffer((G, NB, R), "float16"), y_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        M = T.int64()
-        a = T.match_buffer(a_h, (M, K), "float16")
-        y = T.match_buffer(y_h, (tl.splits, M, N), "float32")
-        _body(a, q, d, mn, None, y, M, N, *shape, wtype, qdtype, False, tl.async_a, tl.splits)
-
-    return f
+    return without_params(f, absent_weight_params(wtype) | (set() if adds else {"res"}))

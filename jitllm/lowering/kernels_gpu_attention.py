@@ -70,8 +70,23 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
     APPEND = (D + NT - 1) // NT
     symbol = f"jl_gpu_split_attention_partial_append{'_rotary' if rotary else ''}_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
 
+    # Where the step's q, k, v come from: their own inputs, or (rotary: qkv is given) the projection,
+    # rotated as read (Python helpers: they build each load's expression while the kernel is parsed).
+    def query(qkv, cos, sin, q, h, d):
+        return q[0, 0, h, d] if qkv is None else _rotated(qkv, cos, sin, h * D, d)
+
+    def new_k(qkv, cos, sin, k, kv, d):
+        return k[0, 0, kv, d] if qkv is None else _rotated(qkv, cos, sin, QD + kv * D, d)
+
+    def new_v(qkv, v, kv, d):
+        return v[0, 0, kv, d] if qkv is None else qkv[0, 0, QD + KVD + kv * D + d]
+
     @T.macro
-    def body(qkv, q, k, v, cos, sin, k_out, v_out, pages, pt, past, ws):
+    def body(qkv, q, k, v, cos, sin, k_out, v_out, pages_h, pt_h, past, ws):
+        NP = T.int64()
+        MP = T.int64()
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pt = T.match_buffer(pt_h, (1, MP), "int32")
         for blk in T.thread_binding(HKV * CHUNKS, thread="blockIdx.x"):
             for tx in T.thread_binding(NT, thread="threadIdx.x"):
                 q_sh = T.alloc_buffer((G, D), "float32", scope="shared")
@@ -98,26 +113,23 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
                         e: T.let = i * NT + tx
                         if e < D:
                             slot: T.let = pt[0, n // P]
-                            if rotary:
-                                kr: T.let = _rotated(qkv, cos, sin, QD + kv * D, e)
-                                vr: T.let = qkv[0, 0, QD + KVD + kv * D + e]
+                            if rotary:  # the rotated k and v are the block's outputs too
+                                kr: T.let = new_k(qkv, cos, sin, k, kv, e)
+                                vr: T.let = new_v(qkv, v, kv, e)
                                 pages[slot, 0, kv, n % P, e] = kr
                                 pages[slot, 1, kv, n % P, e] = vr
                                 k_out[0, 0, kv, e] = kr
                                 v_out[0, 0, kv, e] = vr
                             else:
-                                pages[slot, 0, kv, n % P, e] = k[0, 0, kv, e]
-                                pages[slot, 1, kv, n % P, e] = v[0, 0, kv, e]
+                                pages[slot, 0, kv, n % P, e] = new_k(qkv, cos, sin, k, kv, e)
+                                pages[slot, 1, kv, n % P, e] = new_v(qkv, v, kv, e)
                 # chunks past the history (most of them at short histories: 64 per KV head, 32 positions
                 # at least each) do nothing more; the merge reads only the chunks below `used`
                 if chunk < (total + per - 1) // per:
                     for i in T.unroll(QLOAD):
                         e: T.let = i * NT + tx
                         if e < G * D:
-                            if rotary:
-                                q_sh[e // D, e % D] = _rotated(qkv, cos, sin, (kv * G + e // D) * D, e % D) * T.float32(SCALE)
-                            else:
-                                q_sh[e // D, e % D] = q[0, 0, kv * G + e // D, e % D] * T.float32(SCALE)
+                            q_sh[e // D, e % D] = query(qkv, cos, sin, q, kv * G + e // D, e % D) * T.float32(SCALE)
                     run[0] = T.float32(NEG)
                     run[1] = T.float32(0)
                     for i in T.unroll(ACC):
@@ -136,17 +148,11 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
                             page: T.let = pt[0, tc // P]
                             k_old: T.let = pages[page, 0, kv, tc % P, col]
                             v_old: T.let = pages[page, 1, kv, tc % P, col]
-                            if rotary:
-                                k_new: T.let = _rotated(qkv, cos, sin, QD + kv * D, col)
-                                v_new: T.let = qkv[0, 0, QD + KVD + kv * D + col]
-                                # rows past `end` are zeros, not stale shared memory (0 * NaN)
-                                k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
-                                v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
-                            else:
-                                k_new: T.let = k[0, 0, kv, col]
-                                v_new: T.let = v[0, 0, kv, col]
-                                k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
-                                v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
+                            k_new: T.let = new_k(qkv, cos, sin, k, kv, col)
+                            v_new: T.let = new_v(qkv, v, kv, col)
+                            # rows past `end` are zeros, not stale shared memory (0 * NaN)
+                            k_sh[r * (D + 1) + col] = T.Select(t < end, T.Select(t < n, k_old, k_new), T.float32(0))
+                            v_sh[r, col] = T.Select(t < end, T.Select(t < n, v_old, v_new), T.float32(0))
                         T.tvm_storage_sync("shared")
                         for i in T.unroll(SCORES):
                             # item e: part e // PAIRS of the dot product of pair e % PAIRS; a warp's lanes take
@@ -203,22 +209,14 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
               past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32"),
               k_out: T.Buffer((1, 1, HKV, D), "float32"), v_out: T.Buffer((1, 1, HKV, D), "float32")):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            NP = T.int64()
-            MP = T.int64()
-            pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
-            pt = T.match_buffer(pt_h, (1, MP), "int32")
-            body(qkv, None, None, None, cos, sin, k_out, v_out, pages, pt, past, ws)
+            body(qkv, None, None, None, cos, sin, k_out, v_out, pages_h, pt_h, past, ws)
     else:
         @T.prim_func
         def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
               v: T.Buffer((1, 1, HKV, D), "float32"), pages_h: T.handle, pt_h: T.handle,
               past: T.Buffer((1,), "int32"), ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32")):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            NP = T.int64()
-            MP = T.int64()
-            pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
-            pt = T.match_buffer(pt_h, (1, MP), "int32")
-            body(None, q, k, v, None, None, None, None, pages, pt, past, ws)
+            body(None, q, k, v, None, None, None, None, pages_h, pt_h, past, ws)
 
     return symbol, f.with_attr("global_symbol", symbol)
 

@@ -84,21 +84,22 @@ class CudaTarget:
         return mma_linear_kernel(wtype, n, k, self.kernels == "exact", bm, family, eps)
 
     def prefill_gemm_kernels(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
-        """The fast family's prefill linear on sm_80 on as (operand pass, GEMM, split sum or None): x (its
+        """The fast family's prefill linear on sm_80 on as a PrefillGemm (operand pass, GEMM, split sum): x (its
         norm or SwiGLU applied) written once as f16, then the ldmatrix + mma.sync GEMM with the residual
         added as it stores, or, where its tiling splits K, by the kernel that adds the splits' sums
         (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
         from jitllm.ir.ops import LINEAR_ADD, SWIGLU_LINEAR_ADD
-        from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel, splitk_sum_kernel, tiling_for
+        from jitllm.lowering.kernels_gpu_gemm import (PrefillGemm, gemm_kernel, operand_kernel, splitk_sum_kernel,
+                                                      tiling_for)
 
         if self.kernels != "fast" or self.compute_capability < 80:
             return None
-        residual = family in (LINEAR_ADD, SWIGLU_LINEAR_ADD)
-        gemm = gemm_kernel(wtype, n, k, residual)
+        residual, tiling = family in (LINEAR_ADD, SWIGLU_LINEAR_ADD), tiling_for(n, k, wtype)
+        gemm = gemm_kernel(wtype, n, k, residual, tiling)
         if gemm is None:
             return None
-        splits = tiling_for(n, k, wtype).splits
-        return operand_kernel(family, k, eps), gemm, splitk_sum_kernel(n, splits, residual) if splits > 1 else None
+        split_sum = splitk_sum_kernel(n, tiling.splits, residual) if tiling.splits > 1 else None
+        return PrefillGemm(operand_kernel(family, k, eps), gemm, split_sum, tiling.splits)
 
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""

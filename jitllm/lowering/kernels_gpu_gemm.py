@@ -19,6 +19,7 @@ as the WMMA fast kernel and llama.cpp's f16 GEMMs have.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -61,6 +62,16 @@ class Tiling:
     def name(self) -> str:
         return (f"{self.bm}x{self.bn}x{self.bk}w{self.warps_m}x{self.warps_n}s{self.stages}" + ("c" if self.async_a else "")
                 + (f"k{self.splits}" if self.splits > 1 else ""))
+
+
+class PrefillGemm(NamedTuple):
+    """A fast-family prefill linear's kernels, each (symbol, PrimFunc): the operand pass, the GEMM, and
+    where the GEMM splits K into `splits` parts, the kernel adding their sums (else None)."""
+
+    operand: tuple
+    gemm: tuple
+    split_sum: tuple | None
+    splits: int
 
 
 WIDE = Tiling(128, 128, 2, 4, 3, 64, True)

@@ -104,14 +104,15 @@ def _prefill_linear(bb, target, family: str, wtype: str, x: relax.Expr, extras: 
     residual = [bb.emit(relax.op.reshape(e, [m, n])) for e in extras] if family != NORM_LINEAR else []
     out = relax.TensorType([m, n], "float32")
     if gemm_calls:
-        (operand, gemm, split_sum), norm = gemm_calls, [extras[0]] if family == NORM_LINEAR else []
-        a = bb.emit(relax.call_tir(_add_kernel(bb, *operand), [x2, *norm], relax.TensorType([m, k], "float16")))
-        if split_sum is None:
-            y = bb.emit(relax.call_tir(_add_kernel(bb, *gemm), [a, *parts, *residual], out))
+        norm = [extras[0]] if family == NORM_LINEAR else []
+        a = bb.emit(relax.call_tir(_add_kernel(bb, *gemm_calls.operand), [x2, *norm],
+                                   relax.TensorType([m, k], "float16")))
+        gemm = _add_kernel(bb, *gemm_calls.gemm)
+        if gemm_calls.split_sum is None:
+            y = bb.emit(relax.call_tir(gemm, [a, *parts, *residual], out))
         else:  # each K split's sums, then added (with the residual)
-            splits = int(gemm[1].params[-1].shape[0])
-            sums = bb.emit(relax.call_tir(_add_kernel(bb, *gemm), [a, *parts], relax.TensorType([splits, m, n], "float32")))
-            y = bb.emit(relax.call_tir(_add_kernel(bb, *split_sum), [sums, *residual], out))
+            sums = bb.emit(relax.call_tir(gemm, [a, *parts], relax.TensorType([gemm_calls.splits, m, n], "float32")))
+            y = bb.emit(relax.call_tir(_add_kernel(bb, *gemm_calls.split_sum), [sums, *residual], out))
     else:
         args = [x2, extras[0], *parts] if family == NORM_LINEAR else [x2, *parts, *residual]
         y = bb.emit(relax.call_tir(_add_kernel(bb, *one), args, out))

@@ -39,14 +39,14 @@ def test_fast_prefill_linears_are_an_operand_pass_then_an_mma_sync_gemm():
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
 
     fast = CudaTarget("sm_90", "fast")
-    (operand, prep), (gemm, func), split_sum = fast.prefill_gemm_kernels(NORM_LINEAR, "q4_0", 960, 576, 1e-5)
+    (operand, prep), (gemm, func), split_sum, _ = fast.prefill_gemm_kernels(NORM_LINEAR, "q4_0", 960, 576, 1e-5)
     assert operand.startswith("jl_gpu_operand_f16_norm_576_eps") and [p.name for p in prep.params] == ["x", "nw", "a"]
     assert gemm == "jl_gpu_gemm_q4_0_960x576_64x64x64w2x2s2" and [p.name for p in func.params] == ["a", "q", "d", "y"]
     assert func.params[0].dtype == "float16" and split_sum is None
-    (operand, prep), (gemm, func), _ = fast.prefill_gemm_kernels(SWIGLU_LINEAR_ADD, "q4_1", 576, 1536)
+    (operand, prep), (gemm, func), _, _ = fast.prefill_gemm_kernels(SWIGLU_LINEAR_ADD, "q4_1", 576, 1536)
     assert operand == "jl_gpu_operand_f16_swiglu_1536" and [int(d) for d in prep.params[0].shape[1:]] == [3072]
     assert gemm.endswith("_add") and [p.name for p in func.params] == ["a", "q", "d", "mn", "res", "y"]
-    (operand, _), (gemm, func), _ = fast.prefill_gemm_kernels(LINEAR_ADD, "f16", 16384, 3072)
+    (operand, _), (gemm, func), _, _ = fast.prefill_gemm_kernels(LINEAR_ADD, "f16", 16384, 3072)
     assert operand == "jl_gpu_operand_f16_convert_3072" and "_128x128x64w2x4s3c_" in gemm  # wide: 128-row tiles
     assert [p.name for p in func.params] == ["a", "q", "res", "y"]
     assert "_64x64x32w2x2s2" in fast.prefill_gemm_kernels(LINEAR_ADD, "q8_0", 256, 96)[1][0]  # K: 32-steps
@@ -66,11 +66,11 @@ def test_narrow_prefill_gemms_split_k_and_a_kernel_adds_the_splits():
     from jitllm.random_model import PRESETS
 
     fast = CudaTarget("sm_90", "fast")
-    _, (gemm, func), (total, add) = fast.prefill_gemm_kernels(SWIGLU_LINEAR_ADD, "q4_0", 3072, 8192)
+    _, (gemm, func), (total, add), _ = fast.prefill_gemm_kernels(SWIGLU_LINEAR_ADD, "q4_0", 3072, 8192)
     assert gemm == "jl_gpu_gemm_q4_0_3072x8192_128x128x64w2x4s3ck4" and [p.name for p in func.params] == ["a", "q", "d", "y"]
     assert [str(d) for d in func.params[-1].shape][::2] == ["4", "3072"]
     assert total == "jl_gpu_splitk_sum_3072_s4_add" and [p.name for p in add.params] == ["ws", "res", "y"]
-    _, (gemm, _), (total, add) = fast.prefill_gemm_kernels(NORM_LINEAR, "f16", 5120, 3072, 1e-5)
+    _, (gemm, _), (total, add), _ = fast.prefill_gemm_kernels(NORM_LINEAR, "f16", 5120, 3072, 1e-5)
     assert gemm.endswith("_128x128x64w2x4s3ck2") and total == "jl_gpu_splitk_sum_5120_s2"
     assert [p.name for p in add.params] == ["ws", "y"]
     assert fast.prefill_gemm_kernels(LINEAR_ADD, "q4_0", 3072, 3072)[2] is None  # quantized, K < 8192: 64 x 64

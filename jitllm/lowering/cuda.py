@@ -38,6 +38,9 @@ class CudaTarget:
             raise JitllmError(f"unknown GPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
         self.arch, self.kernels = arch, kernels
         self.compute_capability = int(match.group(1))
+        self.dependent_launch = self.compute_capability >= 90
+        """Decode kernels launched dependent (programmatic dependent launch, Hopper on): each may start
+        while the one before it finishes (kernels_gpu.await_previous_kernel)."""
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
@@ -62,12 +65,13 @@ class CudaTarget:
     partial kernel does, kernels_gpu_attention.APPENDS_KV): the runtime launches no append after it."""
 
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
-        """Prefill (rows unknown) on tensor cores where the arch has them (sm_70 on) and the shape fits;
-        decode matvecs and the rest as kernels_gpu.linear_kernel gives them."""
+        """Decode matvecs (one row) as `folded_linear_kernel` gives them; prefill (rows unknown) on tensor
+        cores where the arch has them (sm_70 on) and the shape fits; the rest as kernels_gpu.linear_kernel
+        gives them."""
         from jitllm.ir.ops import LINEAR
         from jitllm.lowering.kernels_gpu import linear_kernel
 
-        if rows == 1 and self._int8_activations(wtype):
+        if rows == 1:
             return self.folded_linear_kernel(LINEAR, wtype, n, k)
         mma = self.prefill_linear_kernel(LINEAR, wtype, n, k) if rows is None else None
         return mma or linear_kernel(wtype, n, k, rows)
@@ -106,10 +110,10 @@ class CudaTarget:
         if self._int8_activations(wtype):
             from jitllm.lowering.kernels_gpu_gemv_int8 import int8_gemv_kernel
 
-            return int8_gemv_kernel(wtype, n, k, family, eps)
+            return int8_gemv_kernel(wtype, n, k, family, eps, dependent=self.dependent_launch)
         from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
 
-        return gemv_kernel(wtype, n, k, family, eps)
+        return gemv_kernel(wtype, n, k, family, eps, self.dependent_launch)
 
     def _int8_activations(self, wtype: str) -> bool:
         """dp4a (sm_61 on) over a GGML format, with the fast family."""
@@ -137,7 +141,7 @@ class CudaTarget:
         fused projection, rotating q and the new k as they are read (RotaryPagedAttention)."""
         from jitllm.lowering.kernels_gpu_attention import split_attention_kernels
 
-        return split_attention_kernels(kind, rotary)
+        return split_attention_kernels(kind, rotary, self.dependent_launch)
 
     def attention_workspace_shape(self, kind):
         from jitllm.lowering.kernels_gpu_attention import workspace_shape

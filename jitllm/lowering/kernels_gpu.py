@@ -6,6 +6,9 @@
   keys staged in shared memory a few at a time, online softmax (see attention_kernel).
 - KV append: one thread block per (sequence, new token, KV head), one thread per head dim.
 - Embedding gather: rows of a row-interleaved (possibly quantized) table as f32, one thread per value.
+
+Decode kernels may be launched dependent (programmatic dependent launch, sm_90 on; see
+`await_previous_kernel`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,29 @@ def _i64(v: int) -> tirx.IntImm:
 def shfl_xor(value, lanes: int, dtype: str = "float32"):
     """`value` from the lane whose index differs from this one's in the bits of `lanes` (whole warp)."""
     return T.call_extern(dtype, "__shfl_xor_sync", T.uint32(0xFFFFFFFF), value, lanes, 32)
+
+
+DEPENDENT_LAUNCH = "tirx.use_programtic_dependent_launch"  # TVM's spelling of the launch tag
+
+
+@T.macro
+def await_previous_kernel(dependent: bool):
+    """With `dependent`, the start of a kernel launched dependent (`dependent_launch`): the GPU may launch
+    it once the kernel before it in the stream has no thread block left running, before that kernel
+    has completed (its writes flushed, its completion signalled), so each thread first waits for that.
+    Every thread of every dependent kernel waits before it writes anything or reads what the kernel
+    before wrote, so a chain of them stays ordered; code before this point may only read what no kernel
+    of the step writes (weights: the float matvecs load their first columns there). None of them lets
+    the next kernel launch earlier (griddepcontrol.launch_dependents): on the H200, triggering right
+    after the wait cost 7% of 3B f16 decode, and triggering after the matvecs' loops measured 2-7% below
+    not triggering there (3-4% above on SmolLM2; docs/performance-gpu.md, stop 18)."""
+    if dependent:
+        T.evaluate(T.ptx.griddepcontrol.wait())
+
+
+def dependent_launch(func: tvm.tirx.PrimFunc, dependent: bool) -> tvm.tirx.PrimFunc:
+    """`func` launched dependent where `dependent` (its body must begin with `await_previous_kernel`)."""
+    return func.with_attr("tirx.kernel_launch_params", [DEPENDENT_LAUNCH]) if dependent else func
 
 
 def absent_weight_params(wtype: str) -> set[str]:

@@ -13,7 +13,8 @@ The partial kernel also appends the step's K and V to the pages (the chunk-0 blo
 writes position `past`, which no block reads from the pages: the scores take the new token's K and V
 from the inputs), so a decode step needs no separate append launch (`APPENDS_KV`). In fused decode
 variants (RotaryPagedAttention) it reads q, k and v from the Q/K/V projection itself and applies the
-rotary embedding as it reads them, so the step has no rotary launch either.
+rotary embedding as it reads them, so the step has no rotary launch either. Both kernels can be launched
+dependent (kernels_gpu.await_previous_kernel).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
+from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch
 
 CHUNKS = 64  # chunks per KV head
 TILE = 32  # positions per shared-memory tile
@@ -38,11 +40,13 @@ def workspace_shape(kind: BlockKind) -> tuple[int, int, int, int]:
     return (c.kv_heads, CHUNKS, c.heads // c.kv_heads, c.head_dim + 2)
 
 
-def split_attention_kernels(kind: BlockKind, rotary: bool = False) -> list[tuple[str, tvm.tirx.PrimFunc]]:
+def split_attention_kernels(kind: BlockKind, rotary: bool = False,
+                            dependent: bool = False) -> list[tuple[str, tvm.tirx.PrimFunc]]:
     """(partial kernel, merge kernel), each as (symbol, PrimFunc). With `rotary` the partial kernel takes
     the fused projection and the rotary tables instead of q, k and v (jitllm.ir.ops' RotaryPagedAttention),
-    rotates q and the new k as it reads them, and also returns the rotated k and v (the block's outputs)."""
-    return [_partial(kind, rotary), _merge(kind)]
+    rotates q and the new k as it reads them, and also returns the rotated k and v (the block's outputs).
+    `dependent`: both launched dependent."""
+    return [_partial(kind, rotary, dependent), _merge(kind, dependent)]
 
 
 def _rotated(qkv, cos, sin, base, d):
@@ -54,7 +58,7 @@ def _rotated(qkv, cos, sin, base, d):
     return qkv[0, 0, base + d] * cos[0, 0, pair] + sign * partner * sin[0, 0, pair]
 
 
-def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
+def _partial(kind: BlockKind, rotary: bool, dependent: bool) -> tuple[str, tvm.tirx.PrimFunc]:
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV
@@ -101,6 +105,7 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
                 acc = T.alloc_buffer((ACC,), "float32", scope="local")
                 tmp = T.alloc_buffer((2,), "float32", scope="local")
                 run = T.alloc_buffer((2,), "float32", scope="local")  # thread g < G: head g's max, denominator
+                await_previous_kernel(dependent)
                 kv: T.let = blk // CHUNKS
                 chunk: T.let = blk % CHUNKS
                 n: T.let = past[0]
@@ -218,10 +223,10 @@ def _partial(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tirx.PrimFunc]:
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             body(None, q, k, v, None, None, None, None, pages_h, pt_h, past, ws)
 
-    return symbol, f.with_attr("global_symbol", symbol)
+    return symbol, dependent_launch(f, dependent).with_attr("global_symbol", symbol)
 
 
-def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+def _merge(kind: BlockKind, dependent: bool) -> tuple[str, tvm.tirx.PrimFunc]:
     """One thread block per query head, one thread per dimension. Every read is issued before the first
     wait (a serial loop over the chunks waited one L2 round trip per chunk: 6.2 µs at 512 positions):
     each thread loads its dimension of every chunk's accumulator into registers, chunks past `used` from
@@ -242,6 +247,7 @@ def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 den = T.alloc_buffer((CHUNKS,), "float32", scope="shared")  # its denominator (0 past `used`)
                 num = T.alloc_buffer((CHUNKS,), "float32", scope="local")  # its accumulator at dimension tx
                 st = T.alloc_buffer((3,), "float32", scope="local")  # max, numerator, denominator
+                await_previous_kernel(dependent)
                 kv: T.let = h // G
                 g: T.let = h % G
                 total: T.let = past[0] + 1
@@ -265,4 +271,4 @@ def _merge(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                     st[2] = st[2] + T.exp(mx[ch] - st[0]) * den[ch]
                 out[0, 0, h, tx] = st[1] / st[2]
 
-    return symbol, f.with_attr("global_symbol", symbol)
+    return symbol, dependent_launch(f, dependent).with_attr("global_symbol", symbol)

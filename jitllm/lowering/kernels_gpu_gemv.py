@@ -11,6 +11,10 @@ Folded variants (jitllm.ir.ops: RmsNormLinear, LinearAdd, SwiGLULinearAdd) do th
 matvec in the same kernel: every input element is read once per thread block, so SwiGLU and the norm
 weight apply as it is read; the norm's sum of squares accumulates beside the dot products and its
 1/RMS factor scales the finished sums (the matvec is linear); the residual is added as rows are stored.
+
+Launched dependent (`dependent`, kernels_gpu.await_previous_kernel), a float-weight kernel loads its
+first PREFETCH columns of weights before it waits for the kernel before it: the weights are no kernel's
+output, so their first DRAM round trip overlaps the end of the previous kernel.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import shfl_xor, without_params
+from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, shfl_xor, without_params
 
 R = ROW_GROUP
+PREFETCH = 4  # weight columns each thread of a dependent float kernel loads before it waits
 
 
 @dataclass(frozen=True)
@@ -50,15 +55,17 @@ class Fold:
         return f"_{family.lower()}" + (f"_eps{np.float32(self.eps).view(np.uint32):08x}" if self.norm else "")
 
 
-def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc]:
+def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0,
+                dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
     """The kernel's parameters: x [1, K] ([1, 2K] gate then up for SwiGLU), the norm weight [K] (norm
-    only), the weight parts, the residual [1, N/R, R] (residual only), y [1, N/R, R]."""
+    only), the weight parts, the residual [1, N/R, R] (residual only), y [1, N/R, R]. `dependent`:
+    launched dependent (see the module docstring)."""
     fold = Fold.of(family, eps)
     symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
     factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
-    func = factory(wtype, n // R, k, fold)
+    func = factory(wtype, n // R, k, fold, dependent)
     func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})
-    return symbol, func.with_attr("global_symbol", symbol)
+    return symbol, dependent_launch(func, dependent).with_attr("global_symbol", symbol)
 
 
 def threads_for(items: int, each: int = 4) -> int:
@@ -132,10 +139,19 @@ def _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
 
 
 @T.macro
-def _float_item(acc, xv, ss, wl, w, x, nw, g, e, K, fold):
-    """Add column e (its 8 rows: one 16-byte load for f16) of row group g to the R partial sums."""
-    for r in T.vectorized(R):
-        wl[r] = w[g, e, r]
+def _float_item(acc, xv, ss, wl, wpre, w, x, nw, g, e, step, K, fold, PRE):
+    """Add column e (its 8 rows: one 16-byte load for f16) of row group g to the R partial sums; the
+    thread's first PRE columns were loaded into `wpre` before the wait."""
+    if PRE > 0:
+        if step < PRE:
+            for r in T.vectorized(R):
+                wl[r] = wpre[step, r]
+        else:
+            for r in T.vectorized(R):
+                wl[r] = w[g, e, r]
+    else:
+        for r in T.vectorized(R):
+            wl[r] = w[g, e, r]
     _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
     for r in T.serial(R):
         acc[r] = acc[r] + T.Cast("float32", wl[r]) * xv[0]
@@ -183,9 +199,10 @@ def _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
 
 
 @T.macro
-def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
+def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold, dependent, PRE):
     """Every format's kernel: one thread block per row group, NT threads striding over its ITEMS work
-    items, then the two-stage sum and store. `q` holds the weights (float) or their quants."""
+    items, then the two-stage sum and store. `q` holds the weights (float) or their quants; PRE: the
+    float weight columns each thread loads before `await_previous_kernel`."""
     for g in T.thread_binding(G, thread="blockIdx.x"):
         for t in T.thread_binding(NT, thread="threadIdx.x"):
             part = T.alloc_buffer((NT // 32, R), "float32", scope="shared")  # each warp's row sums
@@ -196,12 +213,18 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
             ql = T.alloc_buffer((R,), qdtype, scope="local")
             dl = T.alloc_buffer((R,), "float16", scope="local")
             ml = T.alloc_buffer((R,), "float16", scope="local")
+            wpre = T.alloc_buffer((max(PRE, 1), R), qdtype, scope="local")
+            if PRE > 0:
+                for step in T.unroll(PRE):
+                    for r in T.vectorized(R):
+                        wpre[step, r] = q[g, step * NT + t, r]
+            await_previous_kernel(dependent)
             _zero(acc)
             ss[0] = T.float32(0)
             for step in T.unroll((ITEMS + NT - 1) // NT):
                 if step * NT + t < ITEMS:
                     if fmt == "float":
-                        _float_item(acc, xv, ss, ql, q, x, nw, g, step * NT + t, K, fold)
+                        _float_item(acc, xv, ss, ql, wpre, q, x, nw, g, step * NT + t, step, K, fold, PRE)
                     elif fmt == "q8_0":
                         _q8_0_item(acc, xv, ss, ql, dl, q, d, x, nw, g, step * NT + t, K, fold)
                     else:
@@ -209,21 +232,22 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold):
             _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold)
 
 
-def _float(wtype: str, G: int, K: int, fold: Fold):
+def _float(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
     wdtype = "float32" if wtype == "f32" else "float16"
     NT = threads_for(K)  # items: a column of the group's 8 rows
     XK = 2 * K if fold.swiglu else K
+    PRE = min(PREFETCH, K // NT) if dependent else 0  # whole steps only: every thread has those columns
 
     @T.prim_func
     def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
           res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold)
+        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold, dependent, PRE)
 
     return f
 
 
-def _q8_0(wtype: str, G: int, K: int, fold: Fold):
+def _q8_0(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
     NB = K // QUANT_BLOCK
     NT = threads_for(K)  # items: (32-block, column) pairs
     XK = 2 * K if fold.swiglu else K
@@ -233,12 +257,12 @@ def _q8_0(wtype: str, G: int, K: int, fold: Fold):
           d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
           y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, qs, d, None, res, y, G, K, NT, K, "q8_0", "int8", fold)
+        _body(x, nw, qs, d, None, res, y, G, K, NT, K, "q8_0", "int8", fold, dependent, 0)
 
     return f
 
 
-def _q4(wtype: str, G: int, K: int, fold: Fold):
+def _q4(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
     """Q4_0 (value = d * (nibble - 8)) and Q4_1 (value = d * nibble + m); byte j of a 32-block holds
     columns j (low nibble) and j + 16 (high nibble)."""
     NB = K // QUANT_BLOCK
@@ -250,13 +274,13 @@ def _q4(wtype: str, G: int, K: int, fold: Fold):
              d: T.Buffer((G, NB, R), "float16"), mn: T.Buffer((G, NB, R), "float16"),
              res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, qs, d, mn, res, y, G, K, NT, K // 2, "q4_1", "uint8", fold)
+        _body(x, nw, qs, d, mn, res, y, G, K, NT, K // 2, "q4_1", "uint8", fold, dependent, 0)
 
     @T.prim_func
     def q4_0(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer((G, NB, 16, R), "uint8"),
              d: T.Buffer((G, NB, R), "float16"), res: T.Buffer((1, G, R), "float32"),
              y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, qs, d, None, res, y, G, K, NT, K // 2, "q4_0", "uint8", fold)
+        _body(x, nw, qs, d, None, res, y, G, K, NT, K // 2, "q4_0", "uint8", fold, dependent, 0)
 
     return q4_1 if wtype == "q4_1" else q4_0

@@ -28,7 +28,8 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
-from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
+from jitllm.lowering.kernels_gpu import (absent_weight_params, await_previous_kernel, dependent_launch, shfl_xor,
+                                         without_params)
 from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
 
 R = ROW_GROUP
@@ -37,19 +38,20 @@ NIBBLES = 0x0F0F0F0F
 
 
 def int8_gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0,
-                     groups: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
+                     groups: int | None = None, dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
     """Same parameters as kernels_gpu_gemv.gemv_kernel (x [1, K] or [1, 2K], the norm weight, the
     weight parts, the residual, y [1, N/R, R]); `groups`: row groups per thread block (default:
-    as many as keep at least 256 thread blocks)."""
+    as many as keep at least 256 thread blocks); `dependent`: launched dependent
+    (kernels_gpu.await_previous_kernel)."""
     if wtype not in FORMATS:
         raise ValueError(f"int8-activation matvec takes {', '.join(FORMATS)}, not {wtype}")
     fold = Fold.of(family, eps)
     G = n // R
     rg = groups or groups_per_block(G)
     symbol = f"jl_gpu_gemv8_{wtype}_{n}x{k}_g{rg}" + fold.suffix(family)
-    func = _kernel(wtype, G, k, rg, fold)
+    func = _kernel(wtype, G, k, rg, fold, dependent)
     func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})
-    return symbol, func.with_attr("global_symbol", symbol)
+    return symbol, dependent_launch(func, dependent).with_attr("global_symbol", symbol)
 
 
 def groups_per_block(G: int) -> int:
@@ -174,7 +176,7 @@ def _q8_0_item(acc, o, wl, rw, dl, qw, d, xq, xd, g, e, NB):
                 "float32", _dp4a(T.reinterpret("int32", rw[i]), xw, 0))
 
 
-def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold):
+def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold, dependent: bool):
     NB = K // QUANT_BLOCK
     q4, q4_1 = wtype.startswith("q4"), wtype == "q4_1"
     ITEMS = NB * (4 if q4 else 8)  # per row group
@@ -209,6 +211,7 @@ def _kernel(wtype: str, G: int, K: int, RG: int, fold: Fold):
                 rw = T.alloc_buffer((4,), "uint32", scope="local")
                 dl = T.alloc_buffer((R,), "float16", scope="local")
                 ml = T.alloc_buffer((R,), "float16", scope="local")
+                await_previous_kernel(dependent)
                 ss[0] = T.float32(0)
                 for it in T.unroll((CHUNKS + NT - 1) // NT):
                     _quantize_chunk(v, u, nl, qi, x, nw, xq, xd, xs, ss, T.min(it * NT + t, CHUNKS - 1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -191,3 +192,33 @@ def test_int8_matvec_shares_the_quantized_input_over_row_groups():
 def test_unknown_gpu_kernels_is_a_clear_error():
     with pytest.raises(JitllmError, match="unknown GPU kernels 'turbo'"):
         CudaTarget("sm_90", "turbo")
+
+
+def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step():
+    """sm_90 on, every decode kernel (both families' matvecs, the split attention's two kernels) asks for
+    programmatic dependent launch and waits for the kernel before it before reading its input; float
+    matvecs load their first weight columns before the wait (weights are no kernel's output). Older
+    arches launch them as before: no wait, no launch tag."""
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR
+    from jitllm.lowering.kernels_gpu import DEPENDENT_LAUNCH
+    from jitllm.random_model import preset_layout
+
+    kind = preset_layout("tiny", "f16").block_kinds[0].decode_variant()
+
+    def decode_kernels(target):
+        return [target.folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5),
+                target.linear_kernel("q4_0", 128, 64, rows=1),
+                target.folded_linear_kernel(LINEAR_ADD, "q4_1", 128, 64),
+                *target.split_attention_kernels(kind, rotary=True)]
+
+    for target in (CudaTarget("sm_90", "exact"), CudaTarget("sm_90", "fast")):
+        for symbol, func in decode_kernels(target):
+            assert DEPENDENT_LAUNCH in list(func.attrs["tirx.kernel_launch_params"]), symbol
+            text = func.script()
+            first_input = re.search(r"\b(x|qkv|ws)\[", text).start()  # what the kernel before wrote
+            assert 0 < text.index('griddepcontrol("wait"') < first_input, symbol
+    _, func = CudaTarget("sm_90").folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5)
+    text = func.script()
+    assert 0 < text.index("wpre[") < text.index('griddepcontrol("wait"')
+    for symbol, func in decode_kernels(CudaTarget("sm_80", "fast")):
+        assert "tirx.kernel_launch_params" not in (func.attrs or {}) and "griddepcontrol" not in func.script(), symbol

@@ -65,10 +65,10 @@ def decode_speed(model, tokens: int, reps: int, history: int = 0) -> SpeedResult
             for unit in ex.blocks:
                 ex._pages_for(session, unit, history + tokens + 1)
             session.length = history
-        token = int(np.argmax(ex.forward(session, _prompt(1, ex.layout.config.vocab, rep))))
+        token = ex.next_token(session, _prompt(1, ex.layout.config.vocab, rep))
         start = time.perf_counter()
         for _ in range(tokens):
-            token = int(np.argmax(ex.forward(session, [token])))
+            token = ex.next_token(session, [token])
         if rep:
             rates.append(tokens / (time.perf_counter() - start))
         ex.close_session(session)

@@ -11,3 +11,6 @@ IMPORT_PAGES = "import_pages"
 EMBED_FUNCTION = "embed"
 """Embedding row gather compiled beside a GPU head's `main`: a tied head's weights are the embedding table,
 so a prompt's rows are gathered on the device that holds them."""
+ARGMAX_FUNCTION = "argmax"
+"""The greedy pick compiled beside a GPU head's decode `main`: the device finds the largest logit, so a greedy
+step brings back one token instead of the vocabulary's logits."""

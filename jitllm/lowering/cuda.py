@@ -154,6 +154,12 @@ class CudaTarget:
 
         return embedding_kernel(wtype, vocab, hidden)
 
+    def argmax_kernel(self, vocab: int):
+        """The greedy pick beside the head's decode `main` (lowering.ARGMAX_FUNCTION)."""
+        from jitllm.lowering.kernels_gpu import argmax_kernel
+
+        return argmax_kernel(vocab, self.dependent_launch)
+
     def append_kernel(self, kind):
         from jitllm.lowering.kernels_gpu import append_kernel
 

@@ -6,6 +6,7 @@
   keys staged in shared memory a few at a time, online softmax (see attention_kernel).
 - KV append: one thread block per (sequence, new token, KV head), one thread per head dim.
 - Embedding gather: rows of a row-interleaved (possibly quantized) table as f32, one thread per value.
+- Greedy pick: the first largest logit's index, one thread block (see argmax_kernel).
 
 Decode kernels may be launched dependent (programmatic dependent launch, sm_90 on; see
 `await_previous_kernel`).
@@ -362,3 +363,74 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
                             x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * (nib - T.float32(8))
 
     return symbol, without_params(f, absent_weight_params(wtype)).with_attr("global_symbol", symbol)
+
+
+ARGMAX_THREADS = 1024
+ARGMAX_BATCH = 8  # vector loads each thread has in flight
+
+
+@T.macro
+def _keep_first_largest(best, at, value, index):
+    """(best, at) <- (value, index) where value is larger, or equal at a smaller index."""
+    if value > best[0] or (value == best[0] and index < at[0]):
+        best[0] = value
+        at[0] = index
+
+
+@T.macro
+def _warp_argmax(best, at):
+    for m in T.unroll(5):
+        other: T.let = shfl_xor(best[0], 16 >> m)
+        other_at: T.let = shfl_xor(at[0], 16 >> m, "int32")
+        _keep_first_largest(best, at, other, other_at)
+
+
+def argmax_kernel(vocab: int, dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
+    """(logits [1, 1, vocab] f32, token [1] int32): the index of the first largest logit, as numpy's argmax
+    (NaNs aside: they never win here). One thread block: the logits just left the head's matvec, so they
+    are read from L2, 16 bytes per load and ARGMAX_BATCH loads in flight per thread; each thread keeps the
+    first largest of its strided share (its indices only grow), then the warps' meet by shuffles (on
+    ties the smaller index) and the block's through shared memory. `dependent`: launched dependent."""
+    V = vocab
+    VEC = 4 if V % 4 == 0 else 1
+    NT, B = ARGMAX_THREADS, ARGMAX_BATCH
+    N = V // VEC
+    ROUNDS = (N + NT * B - 1) // (NT * B)
+    symbol = f"jl_gpu_argmax_{V}"
+
+    @T.prim_func
+    def f(logits: T.Buffer((1, 1, V), "float32"), token: T.Buffer((1,), "int32")):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        for b in T.thread_binding(1, thread="blockIdx.x"):
+            for t in T.thread_binding(NT, thread="threadIdx.x"):
+                vals = T.alloc_buffer((B * VEC,), "float32", scope="local")
+                best = T.alloc_buffer((1,), "float32", scope="local")
+                at = T.alloc_buffer((1,), "int32", scope="local")
+                warp_best = T.alloc_buffer((NT // 32,), "float32", scope="shared")
+                warp_at = T.alloc_buffer((NT // 32,), "int32", scope="shared")
+                await_previous_kernel(dependent)
+                best[0] = T.float32("-inf")
+                at[0] = V
+                for r in T.serial(ROUNDS):
+                    for u in T.unroll(B):
+                        for e in T.vectorized(VEC):
+                            vals[u * VEC + e] = logits[0, 0, T.min((r * B + u) * NT + t, N - 1) * VEC + e]
+                    for u in T.unroll(B):
+                        v: T.let = (r * B + u) * NT + t
+                        for e in T.unroll(VEC):
+                            if v < N and vals[u * VEC + e] > best[0]:  # (a thread's indices only grow)
+                                best[0] = vals[u * VEC + e]
+                                at[0] = v * VEC + e
+                _warp_argmax(best, at)
+                if t % 32 == 0:
+                    warp_best[t // 32] = best[0]
+                    warp_at[t // 32] = at[0]
+                T.tvm_storage_sync("shared")
+                if t < 32:
+                    best[0] = warp_best[t]
+                    at[0] = warp_at[t]
+                    _warp_argmax(best, at)
+                    if t == 0:
+                        token[0] = T.Select(at[0] == V, 0, at[0])  # every logit -inf or NaN: index 0
+
+    return symbol, dependent_launch(f, dependent).with_attr("global_symbol", symbol)

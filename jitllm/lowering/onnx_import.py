@@ -27,7 +27,7 @@ from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
 from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
                            PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
-from jitllm.lowering import APPEND_FUNCTION, EMBED_FUNCTION
+from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
 
@@ -275,4 +275,7 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
         spec = kind.linears[0]
         _, func = target.embedding_kernel(spec.wtype, spec.out_features, spec.in_features)
         mod[EMBED_FUNCTION] = func.with_attr("global_symbol", EMBED_FUNCTION)
+    if kind.kind == "head" and kind.decode and hasattr(target, "argmax_kernel"):
+        _, func = target.argmax_kernel(kind.linears[0].out_features)
+        mod[ARGMAX_FUNCTION] = func.with_attr("global_symbol", ARGMAX_FUNCTION)
     return mod

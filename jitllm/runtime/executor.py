@@ -99,7 +99,8 @@ class Executor:
         self.sessions: dict[int, Session] = {}
         self.graphs = True
         """Decode steps of devices that can capture them run as graphs (step_graphs.py)."""
-        self._graphs: dict[tuple[int, int | str], GraphRecord] = {}
+        self._graphs: dict[tuple[int, int | str, bool], GraphRecord] = {}
+        """(session, the segment's first unit, whether its step ends with the greedy pick) -> its graph."""
         self._epoch = 0
         """Bumped whenever pages are handed out (a pool may have grown) or captured steps are dropped
         (moves, resets): a record checked at the current epoch replays without its signature rebuilt,
@@ -214,6 +215,16 @@ class Executor:
 
     def forward(self, session: Session, ids: list[int]) -> np.ndarray:
         """Run `ids` (appended after the session's history) through every block; logits of the last one."""
+        return self._forward(session, ids, greedy=False)
+
+    def next_token(self, session: Session, ids: list[int]) -> int:
+        """`forward`, then the greedy pick: the first largest logit of the last position. Where the head's
+        program has the pick (GPU heads), the device makes it and 4 bytes come back instead of the
+        vocabulary's logits; elsewhere the host picks from the logits."""
+        out = self._forward(session, ids, greedy=True)
+        return out if isinstance(out, int) else int(np.argmax(out))
+
+    def _forward(self, session: Session, ids: list[int], greedy: bool) -> np.ndarray | int:
         n, past = len(ids), session.length
         if past + n > self.ctx:
             raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
@@ -231,12 +242,15 @@ class Executor:
             _check_fault(segment.device)
             with _device_faults(segment.device):
                 if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:
-                    x = self._replay_segment(session, segment, x, past)
+                    x = self._replay_segment(session, segment, x, past, greedy)
                 else:
-                    x = self._run_segment(session, segment, x, past, n)
+                    x = self._run_segment(session, segment, x, past, n, greedy)
         session.length = past + n
         session.tokens += ids
-        return x if isinstance(x, np.ndarray) else x.numpy()[0, -1]
+        if isinstance(x, (np.ndarray, int)):
+            return x
+        out = x.numpy()
+        return int(out[0]) if out.dtype == np.int32 else out[0, -1]  # (a prompt's pick, or its logits)
 
     def _device_embedding(self, ids: list[int], device: Device) -> tvm.runtime.Tensor | None:
         """A prompt's embedding rows gathered on `device` from the tied head's weights there, [1, n, hidden]
@@ -255,22 +269,23 @@ class Executor:
             embed(device.upload(rows), *head.weights[1:], x)  # (weights[0]: the final norm's)
         return x
 
-    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int):
+    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int, greedy: bool = False):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
         if n == 1:
             step = self._step_inputs(session, segment, x, past)
-            return step.output(segment, self._run_units(session, segment, step, 1))
+            return step.output(segment, self._run_units(session, segment, step, 1, greedy=greedy))
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
-        return self._run_units(session, segment, step, n)
+        return self._run_units(session, segment, step, n, greedy=greedy)
 
     def _run_units(self, session: Session, segment: Segment, step: StepInputs, n: int,
-                   call: Callable = lambda fn, *args: fn(*args)):
+                   call: Callable = lambda fn, *args: fn(*args), greedy: bool = False):
         """The segment's units over `step`'s inputs, their functions launched through `call` (directly,
-        or recorded into a graph). A decode step's inputs come from, and its logits go to, host arrays
-        (StepInputs.staging) by transfers launched through `call` too."""
+        or recorded into a graph). A decode step's inputs come from, and its logits (or, `greedy` where the
+        head's program picks, its token) go to, host arrays (StepInputs.staging) by transfers launched
+        through `call` too."""
         if step.staging is not None:
             call(step.upload)
         h = step.x
@@ -288,7 +303,14 @@ class Executor:
             return h
         if n > 1:
             h = last_positions(h)
-        logits = call(segment.head.program_for(1).main, h, *segment.head.weights)
+        head = segment.head.program_for(1)
+        logits = call(head.main, h, *segment.head.weights)
+        if greedy and head.argmax is not None:
+            token = step.token if step.staging is not None else segment.device.empty((1,), "int32")
+            call(head.argmax, logits, token)
+            if step.staging is not None:
+                call(step.download_token, token)
+            return token
         if step.staging is not None:
             call(step.download, logits)
         return logits
@@ -304,17 +326,20 @@ class Executor:
         step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
         return step
 
-    def _replay_segment(self, session: Session, segment: Segment, x, past: int) -> tvm.runtime.Tensor | np.ndarray:
+    def _replay_segment(self, session: Session, segment: Segment, x, past: int,
+                        greedy: bool = False) -> tvm.runtime.Tensor | np.ndarray | int:
         """One decode step of the segment as a captured graph (captured again when what it baked changed):
-        its hidden state out, or the logits row where it ends with the head."""
+        its hidden state out, or where it ends with the head the logits row (or, `greedy`, the token: a
+        graph of its own, ending with the pick)."""
         step = self._step_inputs(session, segment, x, past)
-        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD)
+        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, greedy and segment.head is not None)
         record = self._graphs.get(key)
         if record is None or record.epoch != self._epoch:  # pages or units may have changed: check what it baked
             objects = segment_objects(session, segment)  # (also uploads page-table rows added since)
             if record is None or record.signature != signature(objects, step):
                 record = self._graphs[key] = capture_segment(
-                    segment.device.graphs, objects, step, lambda call: self._run_units(session, segment, step, 1, call))
+                    segment.device.graphs, objects, step,
+                    lambda call: self._run_units(session, segment, step, 1, call, greedy))
                 if self.log:
                     self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                              f"{' + head' if segment.head is not None else ''} on {segment.device.name}")

@@ -28,20 +28,24 @@ class GenerationStats:
 
 def generate_ids(executor: Executor, session: Session, prompt: list[int], max_new_tokens: int, sampler: Sampler,
                  stop_ids: set[int], stats: GenerationStats, ubatch: int = 512) -> Iterator[int]:
-    """Yield sampled token ids; the first comes after prefill. Stop tokens end the loop unyielded."""
+    """Yield sampled token ids; the first comes after prefill. Stop tokens end the loop unyielded. Greedy
+    sampling lets the executor pick (on the device, where the head's program can)."""
+
+    def pick(ids: list[int]) -> int:
+        return executor.next_token(session, ids) if sampler.greedy else sampler(executor.forward(session, ids))
+
     start = time.perf_counter()
-    logits = None
-    for at in range(0, len(prompt), ubatch):
-        logits = executor.forward(session, prompt[at:at + ubatch])
+    for at in range(0, len(prompt) - ubatch, ubatch):  # every chunk but the last: no token from them
+        executor.forward(session, prompt[at:at + ubatch])
+    token = pick(prompt[(len(prompt) - 1) // ubatch * ubatch:])
     stats.prompt_tokens += len(prompt)
     stats.prefill_seconds += time.perf_counter() - start
     start = time.perf_counter()
     for i in range(max_new_tokens):
-        token = sampler(logits)
         if token in stop_ids:
             break
         stats.generated_tokens += 1
         yield token
         if i + 1 < max_new_tokens:
-            logits = executor.forward(session, [token])
+            token = pick([token])
     stats.decode_seconds += time.perf_counter() - start

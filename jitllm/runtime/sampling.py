@@ -20,9 +20,14 @@ class Sampler:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the largest logit, which the device can pick itself (Executor.next_token)."""
+        return self.params.temperature <= 0
+
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params
-        if p.temperature <= 0:
+        if self.greedy:
             return int(np.argmax(logits))
         k = logits.shape[-1] if p.top_k <= 0 else min(p.top_k, logits.shape[-1])
         top = np.argpartition(logits, -k)[-k:]

@@ -7,7 +7,8 @@ objects the step would use now (weights, page pool, page tables, device); a move
 page table outgrowing its capacity changes the signature and the segment is captured again. Inputs
 that change per token (hidden state, rope row, position) live in the session's per-device
 `StepInputs`: the host writes them into host arrays, and the step itself (eager or replayed) begins
-by copying them to the device and, where it ends with the head, ends by copying the logits back. On
+by copying them to the device and, where it ends with the head, ends by copying the logits back (or,
+for a greedy step where the head's program picks the token on the device, the token alone). On
 CUDA those arrays are pinned and both copies are nodes of the captured graph, so a decode step is
 one graph launch and one wait: no other call into the driver per token.
 
@@ -93,6 +94,8 @@ class StepInputs:
     sin: tvm.runtime.Tensor
     past: tvm.runtime.Tensor
     staging: "HostStaging | None" = None
+    token: tvm.runtime.Tensor | None = None
+    """Where the step ends with the head: the greedy pick's [1] int32 on the device."""
 
     @classmethod
     def on(cls, device: Device, hidden: int, half: int, vocab: int | None) -> "StepInputs":
@@ -101,7 +104,8 @@ class StepInputs:
         transfers = device.graphs if device.graphs is not None else PlainTransfers()
         tensors = (device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
                    device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
-        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab))
+        token = device.empty((1,), "int32") if vocab else None
+        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab), token=token)
 
     def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
         """This token's values into the host arrays; a hidden state already on a device (from the segment
@@ -124,14 +128,21 @@ class StepInputs:
         for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
             host.transfers.copy_in(tensor, array)
 
-    def output(self, segment: Segment, out: tvm.runtime.Tensor) -> tvm.runtime.Tensor | np.ndarray:
-        """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or the
-        logits row it downloaded where it ends with the head (a copy: the array is rewritten next step)."""
-        return self.staging.logits[0, -1].copy() if segment.head is not None else out
+    def output(self, segment: Segment, out: tvm.runtime.Tensor) -> tvm.runtime.Tensor | np.ndarray | int:
+        """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or where it
+        ends with the head, the token it picked (`out` is `token`) or the logits row it downloaded (a copy:
+        the array is rewritten next step)."""
+        if segment.head is None:
+            return out
+        return int(self.staging.token[0]) if out is self.token else self.staging.logits[0, -1].copy()
 
     def download(self, logits: tvm.runtime.Tensor) -> None:
         """The head's logits into the host array (the last thing a decode step ending with the head does)."""
         self.staging.transfers.copy_out(self.staging.logits, logits)
+
+    def download_token(self, token: tvm.runtime.Tensor) -> None:
+        """The greedy pick into the host array (instead of the logits, where the device picked it)."""
+        self.staging.transfers.copy_out(self.staging.token, token)
 
 
 class HostStaging:
@@ -142,6 +153,7 @@ class HostStaging:
         self.transfers = transfers
         self.x, self.cos, self.sin, self.past = (transfers.host_array(t.shape, t.dtype) for t in tensors)
         self.logits = transfers.host_array((1, 1, vocab), "float32") if vocab else None
+        self.token = transfers.host_array((1,), "int32") if vocab else None
         self.x_staged = True
         """Whether this step's hidden state came from the host (then `upload` copies it), not a device."""
 

@@ -158,6 +158,32 @@ def test_captured_steps_carry_their_inputs_and_logits(tiny_model, cache_dir):
     assert a_session.step_inputs["cuda:0"].staging.transfers is graphs.head.device.graphs
 
 
+def test_the_device_picks_the_greedy_token_as_numpy_does(tiny_model, cache_dir):
+    """The GPU head's greedy pick (lowering.ARGMAX_FUNCTION) is numpy's argmax of the logits (ties to the
+    first index, all -inf to 0), and greedy steps (their own captured graphs, ending with the pick) give
+    the tokens of picking from the downloaded logits."""
+    from jitllm.model import load
+
+    ex = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir).executor
+    pick, dev, vocab = ex.head.program_for(1).argmax, ex.head.device, ex.layout.config.vocab
+    assert pick is not None
+    rng = np.random.default_rng(0)
+    tied, last = rng.standard_normal(vocab), rng.standard_normal(vocab)
+    tied[[7, vocab - 3]] = tied.max() + 1
+    last[-1] = 100
+    for logits in (rng.standard_normal(vocab), np.full(vocab, -np.inf), np.zeros(vocab), tied, last):
+        token = dev.empty((1,), "int32")
+        pick(dev.upload(logits.astype(np.float32)[None, None]), token)
+        assert int(token.numpy()[0]) == int(np.argmax(logits))
+    greedy, reference = ex.new_session(), ex.new_session()
+    prompt = list(range(4, 30))
+    a, b = ex.next_token(greedy, prompt), int(np.argmax(ex.forward(reference, prompt)))
+    for _ in range(8):
+        assert a == b
+        a, b = ex.next_token(greedy, [a]), int(np.argmax(ex.forward(reference, [b])))
+    assert {key[2] for key in ex._graphs} == {True, False}  # (one segment: the blocks and the head)
+
+
 def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
     from jitllm.model import load
     from jitllm.runtime.sampling import SamplingParams

@@ -82,9 +82,9 @@ def test_narrow_prefill_gemms_split_k_and_a_kernel_adds_the_splits():
     assert {"jl_gpu_splitk_sum_512_s2", "jl_gpu_splitk_sum_256_s2_add", "jl_gpu_splitk_sum_256_s4_add"} <= names
 
 
-def test_gpu_heads_carry_an_embedding_gather():
+def test_gpu_heads_carry_an_embedding_gather_and_the_greedy_pick():
     from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, head_kind, llama_block_kind
-    from jitllm.lowering import EMBED_FUNCTION
+    from jitllm.lowering import ARGMAX_FUNCTION, EMBED_FUNCTION
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.random_model import PRESETS
 
@@ -98,11 +98,15 @@ def test_gpu_heads_carry_an_embedding_gather():
     names = lambda kind: {gv.name_hint for gv in to_relax(kind, build_block_graph(kind), cuda).get_global_vars()}  # noqa: E731
     assert EMBED_FUNCTION in names(head)
     assert EMBED_FUNCTION not in names(head.decode_variant())  # decode steps take their row from the host
+    assert ARGMAX_FUNCTION in names(head.decode_variant()) and ARGMAX_FUNCTION not in names(head)
     from jitllm.lowering.llvm import LlvmTarget
 
-    assert EMBED_FUNCTION not in {gv.name_hint for gv in to_relax(head, build_block_graph(head), LlvmTarget()).get_global_vars()}
+    llvm_names = {gv.name_hint for gv in to_relax(head, build_block_graph(head), LlvmTarget()).get_global_vars()}
+    assert EMBED_FUNCTION not in llvm_names and ARGMAX_FUNCTION not in llvm_names
     block = llama_block_kind(cfg, {n: "q4_0" for n in BLOCK_LINEARS})
-    assert EMBED_FUNCTION not in names(block)
+    assert EMBED_FUNCTION not in names(block) and ARGMAX_FUNCTION not in names(block)
+    symbol, func = cuda.argmax_kernel(cfg.vocab)
+    assert symbol == f"jl_gpu_argmax_{cfg.vocab}" and [p.name for p in func.params] == ["logits", "token"]
 
 
 def test_fused_decode_steps_rotate_inside_the_split_attention():
@@ -195,10 +199,10 @@ def test_unknown_gpu_kernels_is_a_clear_error():
 
 
 def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step():
-    """sm_90 on, every decode kernel (both families' matvecs, the split attention's two kernels) asks for
-    programmatic dependent launch and waits for the kernel before it before reading its input; float
-    matvecs load their first weight columns before the wait (weights are no kernel's output). Older
-    arches launch them as before: no wait, no launch tag."""
+    """sm_90 on, every decode kernel (both families' matvecs, the split attention's two kernels, the greedy
+    pick) asks for programmatic dependent launch and waits for the kernel before it before reading its
+    input; float matvecs load their first weight columns before the wait (weights are no kernel's
+    output). Older arches launch them as before: no wait, no launch tag."""
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR
     from jitllm.lowering.kernels_gpu import DEPENDENT_LAUNCH
     from jitllm.random_model import preset_layout
@@ -209,13 +213,13 @@ def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step
         return [target.folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5),
                 target.linear_kernel("q4_0", 128, 64, rows=1),
                 target.folded_linear_kernel(LINEAR_ADD, "q4_1", 128, 64),
-                *target.split_attention_kernels(kind, rotary=True)]
+                *target.split_attention_kernels(kind, rotary=True), target.argmax_kernel(512)]
 
     for target in (CudaTarget("sm_90", "exact"), CudaTarget("sm_90", "fast")):
         for symbol, func in decode_kernels(target):
             assert DEPENDENT_LAUNCH in list(func.attrs["tirx.kernel_launch_params"]), symbol
             text = func.script()
-            first_input = re.search(r"\b(x|qkv|ws)\[", text).start()  # what the kernel before wrote
+            first_input = re.search(r"\b(x|qkv|ws|logits)\[", text).start()  # what the kernel before wrote
             assert 0 < text.index('griddepcontrol("wait"') < first_input, symbol
     _, func = CudaTarget("sm_90").folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5)
     text = func.script()

@@ -9,6 +9,7 @@ import pytest
 
 from jitllm.model import load
 from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.model_layout import HEAD
 from jitllm.runtime.step_graphs import ReplayRecorder, segments
 
 PROMPT = list(range(4, 30))
@@ -154,3 +155,32 @@ def test_segments_are_found_again_after_a_move(tiny_model, cache_dir):
     model.move("1", "sim:1")
     ex.forward(session, [9])
     assert [(s.device.name, [u.index for u in s.blocks]) for s in ex._segments[1]] == [("sim:0", [0]), ("sim:1", [1]), ("sim:0", [])]
+
+
+def test_greedy_steps_end_with_the_heads_own_pick(tiny_model, cache_dir):
+    """Where the head's program can pick the greedy token (GPU heads; here a stand-in that writes the
+    device tensor as the kernel does), a greedy step ends with the pick and brings back the token alone:
+    its own captured graph, the logits never downloaded, the tokens those of picking from the logits."""
+    model, (_, sim1) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:1")
+    ex = model.executor
+    reference, session = ex.new_session(), ex.new_session()
+    expected = [int(np.argmax(ex.forward(reference, PROMPT)))]
+    for _ in range(N - 1):
+        expected.append(int(np.argmax(ex.forward(reference, [expected[-1]]))))
+    picks = []
+
+    def pick(logits, token):
+        picks.append(token)
+        token.copyfrom(np.array([np.argmax(logits.numpy()[0, -1])], np.int32))
+
+    ex.head.program_for(1).argmax = pick
+    got = [ex.next_token(session, PROMPT)]
+    for _ in range(N - 1):
+        got.append(ex.next_token(session, [got[-1]]))
+    assert got == expected
+    assert len(picks) >= N  # the prompt's, then every step's (captured once, replayed after)
+    step = session.step_inputs["sim:1"]
+    assert picks[-1] is step.token and not step.staging.logits.any()
+    # the head's segment (the head alone on sim:1): a graph ending with the pick for the greedy session
+    assert {key[2] for key in ex._graphs if key[:2] == (session.id, HEAD)} == {True}
+    assert {key[2] for key in ex._graphs if key[:2] == (reference.id, HEAD)} == {False}

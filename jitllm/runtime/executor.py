@@ -215,16 +215,18 @@ class Executor:
 
     def forward(self, session: Session, ids: list[int]) -> np.ndarray:
         """Run `ids` (appended after the session's history) through every block; logits of the last one."""
-        return self._forward(session, ids, greedy=False)
+        return self._forward(session, ids, pick=False)
 
     def next_token(self, session: Session, ids: list[int]) -> int:
         """`forward`, then the greedy pick: the first largest logit of the last position. Where the head's
         program has the pick (GPU heads), the device makes it and 4 bytes come back instead of the
         vocabulary's logits; elsewhere the host picks from the logits."""
-        out = self._forward(session, ids, greedy=True)
-        return out if isinstance(out, int) else int(np.argmax(out))
+        if self.head.program_for(1).argmax is None:
+            return int(np.argmax(self._forward(session, ids, pick=False)))
+        return self._forward(session, ids, pick=True)
 
-    def _forward(self, session: Session, ids: list[int], greedy: bool) -> np.ndarray | int:
+    def _forward(self, session: Session, ids: list[int], pick: bool) -> np.ndarray | int:
+        """`pick`: the head's program picks the greedy token, and that comes back instead of the logits."""
         n, past = len(ids), session.length
         if past + n > self.ctx:
             raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
@@ -242,15 +244,14 @@ class Executor:
             _check_fault(segment.device)
             with _device_faults(segment.device):
                 if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:
-                    x = self._replay_segment(session, segment, x, past, greedy)
+                    x = self._replay_segment(session, segment, x, past, pick)
                 else:
-                    x = self._run_segment(session, segment, x, past, n, greedy)
+                    x = self._run_segment(session, segment, x, past, n, pick)
         session.length = past + n
         session.tokens += ids
-        if isinstance(x, (np.ndarray, int)):
+        if isinstance(x, (np.ndarray, int)):  # (what a decode step brought back through host arrays)
             return x
-        out = x.numpy()
-        return int(out[0]) if out.dtype == np.int32 else out[0, -1]  # (a prompt's pick, or its logits)
+        return int(x.numpy()[0]) if pick else x.numpy()[0, -1]
 
     def _device_embedding(self, ids: list[int], device: Device) -> tvm.runtime.Tensor | None:
         """A prompt's embedding rows gathered on `device` from the tied head's weights there, [1, n, hidden]
@@ -269,22 +270,22 @@ class Executor:
             embed(device.upload(rows), *head.weights[1:], x)  # (weights[0]: the final norm's)
         return x
 
-    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int, greedy: bool = False):
+    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int, pick: bool = False):
         """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
         dev = segment.device
         if n == 1:
             step = self._step_inputs(session, segment, x, past)
-            return step.output(segment, self._run_units(session, segment, step, 1, greedy=greedy))
+            return step.output(segment, self._run_units(session, segment, step, 1, pick=pick))
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
-        return self._run_units(session, segment, step, n, greedy=greedy)
+        return self._run_units(session, segment, step, n, pick=pick)
 
     def _run_units(self, session: Session, segment: Segment, step: StepInputs, n: int,
-                   call: Callable = lambda fn, *args: fn(*args), greedy: bool = False):
+                   call: Callable = lambda fn, *args: fn(*args), pick: bool = False):
         """The segment's units over `step`'s inputs, their functions launched through `call` (directly,
-        or recorded into a graph). A decode step's inputs come from, and its logits (or, `greedy` where the
-        head's program picks, its token) go to, host arrays (StepInputs.staging) by transfers launched
+        or recorded into a graph). A decode step's inputs come from, and its logits (or, `pick`, the
+        token the head's program picked) go to, host arrays (StepInputs.staging) by transfers launched
         through `call` too."""
         if step.staging is not None:
             call(step.upload)
@@ -305,7 +306,7 @@ class Executor:
             h = last_positions(h)
         head = segment.head.program_for(1)
         logits = call(head.main, h, *segment.head.weights)
-        if greedy and head.argmax is not None:
+        if pick:
             token = step.token if step.staging is not None else segment.device.empty((1,), "int32")
             call(head.argmax, logits, token)
             if step.staging is not None:
@@ -327,19 +328,19 @@ class Executor:
         return step
 
     def _replay_segment(self, session: Session, segment: Segment, x, past: int,
-                        greedy: bool = False) -> tvm.runtime.Tensor | np.ndarray | int:
+                        pick: bool = False) -> tvm.runtime.Tensor | np.ndarray | int:
         """One decode step of the segment as a captured graph (captured again when what it baked changed):
-        its hidden state out, or where it ends with the head the logits row (or, `greedy`, the token: a
-        graph of its own, ending with the pick)."""
+        its hidden state out, or where it ends with the head the logits row (or, `pick`, the token: a
+        graph of its own, ending with the head's pick)."""
         step = self._step_inputs(session, segment, x, past)
-        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, greedy and segment.head is not None)
+        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, pick and segment.head is not None)
         record = self._graphs.get(key)
         if record is None or record.epoch != self._epoch:  # pages or units may have changed: check what it baked
             objects = segment_objects(session, segment)  # (also uploads page-table rows added since)
             if record is None or record.signature != signature(objects, step):
                 record = self._graphs[key] = capture_segment(
                     segment.device.graphs, objects, step,
-                    lambda call: self._run_units(session, segment, step, 1, call, greedy))
+                    lambda call: self._run_units(session, segment, step, 1, call, pick))
                 if self.log:
                     self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
                              f"{' + head' if segment.head is not None else ''} on {segment.device.name}")

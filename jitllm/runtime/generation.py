@@ -35,9 +35,10 @@ def generate_ids(executor: Executor, session: Session, prompt: list[int], max_ne
         return executor.next_token(session, ids) if sampler.greedy else sampler(executor.forward(session, ids))
 
     start = time.perf_counter()
-    for at in range(0, len(prompt) - ubatch, ubatch):  # every chunk but the last: no token from them
-        executor.forward(session, prompt[at:at + ubatch])
-    token = pick(prompt[(len(prompt) - 1) // ubatch * ubatch:])
+    chunks = [prompt[at:at + ubatch] for at in range(0, len(prompt), ubatch)]
+    for chunk in chunks[:-1]:  # no token from these
+        executor.forward(session, chunk)
+    token = pick(chunks[-1])
     stats.prompt_tokens += len(prompt)
     stats.prefill_seconds += time.perf_counter() - start
     start = time.perf_counter()

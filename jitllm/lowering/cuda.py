@@ -136,17 +136,24 @@ class CudaTarget:
             return mma.mma_attention_kernel(kind)
         return attention_kernel(kind)
 
-    def split_attention_kernels(self, kind, rotary: bool = False):
-        """Decode variants: attention split over chunks of the history, then merged; with `rotary`, from the
-        fused projection, rotating q and the new k as they are read (RotaryPagedAttention)."""
-        from jitllm.lowering.kernels_gpu_attention import split_attention_kernels
+    def split_attention_kernel(self, kind, rotary: bool = False):
+        """Decode variants: attention split over chunks of the history, merged by the last block of each KV
+        head; with `rotary`, from the fused projection, rotating q and the new k as they are read
+        (RotaryPagedAttention)."""
+        from jitllm.lowering.kernels_gpu_attention import split_attention_kernel
 
-        return split_attention_kernels(kind, rotary, self.dependent_launch)
+        return split_attention_kernel(kind, rotary, self.dependent_launch)
 
     def attention_workspace_shape(self, kind):
         from jitllm.lowering.kernels_gpu_attention import workspace_shape
 
         return workspace_shape(kind)
+
+    def attention_counters(self, kind):
+        """The split attention's arrival counters: a constant of the decode module (kernels_gpu_attention)."""
+        from jitllm.lowering.kernels_gpu_attention import arrival_counters
+
+        return arrival_counters(kind)
 
     def embedding_kernel(self, wtype: str, vocab: int, hidden: int):
         """The head's embedding row gather (lowering.EMBED_FUNCTION), used where the head is tied."""

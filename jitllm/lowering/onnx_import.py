@@ -5,7 +5,7 @@ converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call
 kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
 The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`,
 `RotaryPagedAttention`) become one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`,
-`split_attention_kernels`) and their parts elsewhere.
+`split_attention_kernel`) and their parts elsewhere.
 The KV append kernel is added beside `main` and called by the runtime after each block step, and on
 targets that have one an embedding row gather beside a head's `main` (the runtime's prompt lookup where
 the head is tied).
@@ -191,14 +191,25 @@ def _rotary(kind: BlockKind, target):
     return rotary
 
 
+def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list) -> list:
+    """The target's split decode attention (one kernel: its chunks merged by the last block of each KV
+    head, counted in on counters kept as a constant of the module): [out] or, with `rotary`, [out, k, v]."""
+    c = kind.config
+    symbol, func = target.split_attention_kernel(kind, rotary)
+    counters = relax.const(target.attention_counters(kind))
+    outs = [relax.TensorType(target.attention_workspace_shape(kind), "float32"),
+            relax.TensorType([1, 1, c.heads, c.head_dim], "float32")]
+    if rotary:
+        outs += [relax.TensorType([1, 1, c.kv_heads, c.head_dim], "float32")] * 2
+    call = bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), [*inputs, counters], outs))
+    return [bb.emit(relax.TupleGetItem(call, i)) for i in range(1, len(outs))]
+
+
 def _attention(kind: BlockKind, target):
     def paged_attention(bb, inputs, attr, params):
         inputs = [bb.normalize(i) for i in inputs]
-        if kind.decode and hasattr(target, "split_attention_kernels"):
-            (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind)
-            shape = target.attention_workspace_shape(kind)
-            ws = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), inputs, relax.TensorType(shape, "float32")))
-            return relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, inputs[5]], inputs[0].ty)
+        if kind.decode and hasattr(target, "split_attention_kernel"):
+            return _split_attention(bb, kind, target, False, inputs)[0]
         symbol, func = target.attention_kernel(kind)
         gv = _add_kernel(bb, symbol, func)
         return relax.call_tir(gv, inputs, inputs[0].ty)
@@ -209,20 +220,12 @@ def _attention(kind: BlockKind, target):
 def _rotary_attention(kind: BlockKind, target):
     """RotaryPagedAttention (decode variants): the target's split decode attention that rotates q and the
     new k as it reads them, where it has one (no rotary launch); else RotaryQKV, then PagedAttention."""
-    c = kind.config
     rotary, attention = _rotary(kind, target), _attention(kind, target)
 
     def rotary_attention(bb, inputs, attr, params):
         qkv, cos, sin, split, pages, pt, past = [bb.normalize(i) for i in inputs]
-        if hasattr(target, "split_attention_kernels"):
-            (psym, pfunc), (msym, mfunc) = target.split_attention_kernels(kind, rotary=True)
-            new_kv = relax.TensorType([1, 1, c.kv_heads, c.head_dim], "float32")
-            workspace = relax.TensorType(target.attention_workspace_shape(kind), "float32")
-            partial = bb.emit(relax.call_tir(_add_kernel(bb, psym, pfunc), [qkv, cos, sin, pages, pt, past],
-                                             [workspace, new_kv, new_kv]))
-            ws, k, v = [bb.emit(relax.TupleGetItem(partial, i)) for i in range(3)]
-            out = relax.TensorType([1, 1, c.heads, c.head_dim], "float32")
-            return relax.Tuple([bb.emit(relax.call_tir(_add_kernel(bb, msym, mfunc), [ws, past], out)), k, v])
+        if hasattr(target, "split_attention_kernel"):
+            return relax.Tuple(_split_attention(bb, kind, target, True, [qkv, cos, sin, pages, pt, past]))
         q, k, v = rotary(bb, [qkv, cos, sin, split], attr, params).fields
         return relax.Tuple([bb.emit(attention(bb, [q, k, v, pages, pt, past], attr, params)), k, v])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from jitllm.errors import JitllmError
@@ -110,9 +111,11 @@ def test_gpu_heads_carry_an_embedding_gather_and_the_greedy_pick():
 
 
 def test_fused_decode_steps_rotate_inside_the_split_attention():
-    """A fused decode variant has no rotary kernel: the partial attention kernel takes the Q/K/V projection
-    and the tables, and returns the rotated k and v (the block's outputs) beside its workspace; the prefill
-    kind and an unfused decode variant keep the rotary kernel or ops and the plain partial kernel."""
+    """A fused decode variant has no rotary kernel: the split attention kernel takes the Q/K/V projection
+    and the tables, and returns the attention and the rotated k and v (the block's outputs) beside its
+    workspace; the prefill kind and an unfused decode variant keep the rotary kernel or ops and the plain
+    split kernel. Neither decode variant has a merge kernel: the chunks' last block merges, counted in on
+    the module's constant counters (zeros, one per KV head)."""
     from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, fused_kind, kind_for_target, llama_block_kind
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.random_model import PRESETS
@@ -124,15 +127,32 @@ def test_fused_decode_steps_rotate_inside_the_split_attention():
         return {gv.name_hint for gv in to_relax(kind, build_block_graph(kind), cuda).get_global_vars()}
 
     decode = kernels(kind_for_target(block, cuda).decode_variant())
-    assert any(k.startswith("jl_gpu_split_attention_partial_append_rotary_") for k in decode)
+    assert any(k.startswith("jl_gpu_split_attention_append_rotary_") for k in decode)
     assert not any(k.startswith("jl_gpu_rotary") for k in decode)
     prefill = kernels(kind_for_target(block, cuda))
     assert any(k.startswith("jl_gpu_rotary") for k in prefill) and not any("split_attention" in k for k in prefill)
     unfused = kernels(block.decode_variant())
-    assert any(k.startswith("jl_gpu_split_attention_partial_append_h") for k in unfused)
+    assert any(k.startswith("jl_gpu_split_attention_append_h") for k in unfused)
     assert fused_kind(block) != block
-    symbol, func = cuda.split_attention_kernels(kind_for_target(block, cuda).decode_variant(), rotary=True)[0]
-    assert [p.name for p in func.params] == ["qkv", "cos", "sin", "pages", "pt", "past", "ws", "k_out", "v_out"]
+    assert not any("merge" in k for k in decode | unfused)
+    decode_kind = kind_for_target(block, cuda).decode_variant()
+    decode_main = to_relax(decode_kind, build_block_graph(decode_kind), cuda)["main"]
+    split_calls = [call for call in _calls(decode_main) if "split_attention" in str(call.args[0])]
+    assert len(split_calls) == 1
+    counters = split_calls[0].args[1].fields[-1].value.numpy()
+    assert counters.dtype == np.uint32 and counters.tolist() == [0] * PRESETS["tiny"].kv_heads
+    symbol, func = cuda.split_attention_kernel(kind_for_target(block, cuda).decode_variant(), rotary=True)
+    assert [p.name for p in func.params] == ["qkv", "cos", "sin", "pages", "pt", "past", "counters", "ws", "out",
+                                             "k_out", "v_out"]
+
+
+def _calls(func) -> list:
+    """The relax calls (call_tir and the rest) in `func`'s body."""
+    from tvm import relax
+
+    calls = []
+    relax.analysis.post_order_visit(func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+    return calls
 
 
 def test_bad_arch_is_a_clear_error():
@@ -199,10 +219,11 @@ def test_unknown_gpu_kernels_is_a_clear_error():
 
 
 def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step():
-    """sm_90 on, every decode kernel (both families' matvecs, the split attention's two kernels, the greedy
+    """sm_90 on, every decode kernel (both families' matvecs, the split attention, the greedy
     pick) asks for programmatic dependent launch and waits for the kernel before it before reading its
     input; float matvecs load their first weight columns before the wait (weights are no kernel's
-    output). Older arches launch them as before: no wait, no launch tag."""
+    output), and the split attention its first tile of history after letting the next kernel launch.
+    Older arches launch them as before: no wait, no launch tag."""
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR
     from jitllm.lowering.kernels_gpu import DEPENDENT_LAUNCH
     from jitllm.random_model import preset_layout
@@ -213,7 +234,7 @@ def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step
         return [target.folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5),
                 target.linear_kernel("q4_0", 128, 64, rows=1),
                 target.folded_linear_kernel(LINEAR_ADD, "q4_1", 128, 64),
-                *target.split_attention_kernels(kind, rotary=True), target.argmax_kernel(512)]
+                target.split_attention_kernel(kind, rotary=True), target.argmax_kernel(512)]
 
     for target in (CudaTarget("sm_90", "exact"), CudaTarget("sm_90", "fast")):
         for symbol, func in decode_kernels(target):
@@ -224,5 +245,12 @@ def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step
     _, func = CudaTarget("sm_90").folded_linear_kernel(NORM_LINEAR, "f16", 128, 64, 1e-5)
     text = func.script()
     assert 0 < text.index("wpre[") < text.index('griddepcontrol("wait"')
+    # only the split attention lets the next kernel launch early, and its blocks read the history first
+    for target in (CudaTarget("sm_90", "exact"), CudaTarget("sm_90", "fast")):
+        for symbol, func in decode_kernels(target):
+            text = func.script()
+            assert ("launch_dependents" in text) == ("split_attention" in symbol), symbol
+            if "split_attention" in symbol:
+                assert 0 < text.index("launch_dependents") < text.index("pages[") < text.index('griddepcontrol("wait"')
     for symbol, func in decode_kernels(CudaTarget("sm_80", "fast")):
         assert "tirx.kernel_launch_params" not in (func.attrs or {}) and "griddepcontrol" not in func.script(), symbol

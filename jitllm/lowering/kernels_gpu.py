@@ -44,7 +44,7 @@ def await_previous_kernel(dependent: bool):
     has completed (its writes flushed, its completion signalled), so each thread first waits for that.
     Every thread of every dependent kernel waits before it writes anything or reads what the kernel
     before wrote, so a chain of them stays ordered; code before this point may only read what no kernel
-    of the step writes (weights: the float matvecs load their first columns there). Most matvecs do not
+    of the step writes (weights: the float matvecs load their first columns there). The matvecs do not
     let the next kernel launch earlier (`release_next_kernel`): on the H200, every kernel triggering right
     after the wait cost 7% of 3B f16 decode, and the matvecs triggering after their loops measured 2-7%
     below not triggering (3-4% above on SmolLM2; docs/performance-gpu.md, stop 18)."""
@@ -57,9 +57,8 @@ def release_next_kernel(dependent: bool):
     """With `dependent`, let the next kernel in the stream launch now (griddepcontrol.launch_dependents;
     it launches once every thread block of this grid has done so or exited), before this one completes:
     its blocks take the SMs this grid leaves idle and do what precedes their `await_previous_kernel`.
-    For a latency-bound kernel with few busy blocks (the split decode attention) and a matvec whose grid
-    fits the GPU at once (the O projection), not for the rest (a grid with later waves would lose SM
-    slots to the next one's waiting blocks: see above)."""
+    For a latency-bound kernel with few busy blocks (the split decode attention), not the matvecs (whose
+    blocks fill the GPU: see above)."""
     if dependent:
         T.evaluate(T.ptx.griddepcontrol.launch_dependents())
 

@@ -14,8 +14,7 @@ weight apply as it is read; the norm's sum of squares accumulates beside the dot
 
 Launched dependent (`dependent`, kernels_gpu.await_previous_kernel), a float-weight kernel loads its
 first PREFETCH columns of weights before it waits for the kernel before it: the weights are no kernel's
-output, so their first DRAM round trip overlaps the end of the previous kernel. The O projection's
-kernel (a residual add without SwiGLU) also lets the next one launch as it starts.
+output, so their first DRAM round trip overlaps the end of the previous kernel.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import (await_previous_kernel, dependent_launch, release_next_kernel, shfl_xor,
-                                         without_params)
+from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, shfl_xor, without_params
 
 R = ROW_GROUP
 PREFETCH = 4  # weight columns each thread of a dependent float kernel loads before it waits
@@ -201,11 +199,10 @@ def _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
 
 
 @T.macro
-def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold, dependent, PRE, release=False):
+def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold, dependent, PRE):
     """Every format's kernel: one thread block per row group, NT threads striding over its ITEMS work
     items, then the two-stage sum and store. `q` holds the weights (float) or their quants; PRE: the
-    float weight columns each thread loads before `await_previous_kernel`; `release`: the next kernel
-    may launch at once (kernels_gpu.release_next_kernel)."""
+    float weight columns each thread loads before `await_previous_kernel`."""
     for g in T.thread_binding(G, thread="blockIdx.x"):
         for t in T.thread_binding(NT, thread="threadIdx.x"):
             part = T.alloc_buffer((NT // 32, R), "float32", scope="shared")  # each warp's row sums
@@ -217,7 +214,6 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold, dependent
             dl = T.alloc_buffer((R,), "float16", scope="local")
             ml = T.alloc_buffer((R,), "float16", scope="local")
             wpre = T.alloc_buffer((max(PRE, 1), R), qdtype, scope="local")
-            release_next_kernel(release)
             if PRE > 0:
                 for step in T.unroll(PRE):
                     for r in T.vectorized(R):
@@ -241,16 +237,12 @@ def _float(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
     NT = threads_for(K)  # items: a column of the group's 8 rows
     XK = 2 * K if fold.swiglu else K
     PRE = min(PREFETCH, K // NT) if dependent else 0  # whole steps only: every thread has those columns
-    # The residual add without SwiGLU (a block's O projection: a grid that fits the GPU at once) lets the next
-    # matvec launch as it starts, so that one's blocks are in place, their first columns loaded, when it
-    # ends (H200, docs/performance-gpu.md stop 19; the matvecs after it do not: see release_next_kernel).
-    release = dependent and fold.residual and not fold.swiglu
 
     @T.prim_func
     def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
           res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold, dependent, PRE, release)
+        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold, dependent, PRE)
 
     return f
 

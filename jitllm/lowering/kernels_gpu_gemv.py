@@ -142,13 +142,9 @@ def _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
 def _float_item(acc, xv, ss, wl, wpre, w, x, nw, g, e, step, K, fold, PRE):
     """Add column e (its 8 rows: one 16-byte load for f16) of row group g to the R partial sums; the
     thread's first PRE columns were loaded into `wpre` before the wait."""
-    if PRE > 0:
-        if step < PRE:
-            for r in T.vectorized(R):
-                wl[r] = wpre[step, r]
-        else:
-            for r in T.vectorized(R):
-                wl[r] = w[g, e, r]
+    if step < PRE:  # (step is unrolled: the branch resolves at compile time)
+        for r in T.vectorized(R):
+            wl[r] = wpre[step, r]
     else:
         for r in T.vectorized(R):
             wl[r] = w[g, e, r]

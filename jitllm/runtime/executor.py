@@ -275,7 +275,7 @@ class Executor:
         dev = segment.device
         if n == 1:
             step = self._step_inputs(session, segment, x, past)
-            return step.output(segment, self._run_units(session, segment, step, 1, pick=pick))
+            return step.output(segment, self._run_units(session, segment, step, 1, pick=pick), pick)
         h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
@@ -346,7 +346,7 @@ class Executor:
                              f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
             record.epoch = self._epoch
         record.graph.replay()
-        return step.output(segment, record.output)
+        return step.output(segment, record.output, pick)
 
     def drop_graphs(self, session: Session | None = None) -> None:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""

@@ -128,13 +128,13 @@ class StepInputs:
         for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
             host.transfers.copy_in(tensor, array)
 
-    def output(self, segment: Segment, out: tvm.runtime.Tensor) -> tvm.runtime.Tensor | np.ndarray | int:
+    def output(self, segment: Segment, out: tvm.runtime.Tensor, pick: bool) -> tvm.runtime.Tensor | np.ndarray | int:
         """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or where it
-        ends with the head, the token it picked (`out` is `token`) or the logits row it downloaded (a copy:
-        the array is rewritten next step)."""
+        ends with the head, the token it picked (`pick`) or the logits row it downloaded (a copy: the
+        array is rewritten next step)."""
         if segment.head is None:
             return out
-        return int(self.staging.token[0]) if out is self.token else self.staging.logits[0, -1].copy()
+        return int(self.staging.token[0]) if pick else self.staging.logits[0, -1].copy()
 
     def download(self, logits: tvm.runtime.Tensor) -> None:
         """The head's logits into the host array (the last thing a decode step ending with the head does)."""

@@ -15,11 +15,6 @@ import tvm
 KERNELS = ("exact", "fast")
 
 
-L2_PREFETCH_BYTES = {90: 32 << 20}
-"""Bytes of the next weights the decode attention pulls into L2, by compute capability: sm_90 parts
-(H100, H200, GH200) have a 50 MB L2."""
-
-
 class CudaTarget:
     name = "cuda"
     sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
@@ -46,11 +41,6 @@ class CudaTarget:
         self.dependent_launch = self.compute_capability >= 90
         """Decode kernels launched dependent (programmatic dependent launch, Hopper on): each may start
         while the one before it finishes (kernels_gpu.await_previous_kernel)."""
-        self.l2_prefetch_bytes = L2_PREFETCH_BYTES.get(self.compute_capability, 0)
-        """How much of the O projection's and then the gate/up projection's weights the split decode
-        attention pulls into L2 as it starts (kernels_gpu_attention.L2Prefetch): it leaves the memory
-        bus idle while it runs, and they are what the step reads next. Zero where the L2's size is not
-        known from the arch alone (sm_80 and sm_86 parts have 40 MB or 6 MB)."""
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
@@ -146,13 +136,13 @@ class CudaTarget:
             return mma.mma_attention_kernel(kind)
         return attention_kernel(kind)
 
-    def split_attention_kernel(self, kind, rotary: bool = False, prefetch: tuple = ()):
+    def split_attention_kernel(self, kind, rotary: bool = False):
         """Decode variants: attention split over chunks of the history, merged by the last block of each KV
         head; with `rotary`, from the fused projection, rotating q and the new k as they are read
-        (RotaryPagedAttention), and pulling the `prefetch` weight parts into L2."""
+        (RotaryPagedAttention)."""
         from jitllm.lowering.kernels_gpu_attention import split_attention_kernel
 
-        return split_attention_kernel(kind, rotary, self.dependent_launch, prefetch)
+        return split_attention_kernel(kind, rotary, self.dependent_launch)
 
     def attention_workspace_shape(self, kind):
         from jitllm.lowering.kernels_gpu_attention import workspace_shape

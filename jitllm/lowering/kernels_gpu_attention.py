@@ -26,24 +26,16 @@ next kernel launch at once (kernels_gpu.release_next_kernel): at short histories
 stop at once and the few left are latency-bound, so the O projection's blocks take the idle SMs and
 load their first weights meanwhile (docs/performance-gpu.md, stop 19: 3B f16 and SmolLM2 faster,
 3B Q4_0 within its noise).
-
-While it runs, the memory bus is nearly idle (its history tiles are few and mostly loaded before the
-wait), so its blocks first pull weights of the step's next kernels into L2 (`L2Prefetch`: the O
-projection's, then the leading row groups of gate/up's, up to the target's budget): one
-`cp.async.bulk.prefetch.L2` per part and block, an equal slice each, issued and not waited for. The
-matvecs after it then read those bytes from L2 instead of DRAM.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, release_next_kernel, without_params
+from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, release_next_kernel
 
 CHUNKS = 64  # chunks per KV head
 TILE = 32  # positions per shared-memory tile
@@ -53,20 +45,6 @@ SPLIT = 4  # threads per score (each sums D / SPLIT products: short dependency c
 NEG = -3.0e38
 APPENDS_KV = True
 """The kernel writes the step's K and V into the pages (the runtime skips the append kernel)."""
-
-
-MAX_PREFETCH = 6
-"""Weight parts the kernel can pull into L2 (two linears of the widest format: quants, scales, minimums)."""
-
-
-@dataclass(frozen=True)
-class L2Prefetch:
-    """A weight part of a later kernel of the step that the attention pulls into L2 as it starts: its
-    shape and dtype (the kernel's parameter), and how many of its leading bytes (a multiple of 16)."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
 
 
 def workspace_shape(kind: BlockKind) -> tuple[int, int, int, int]:
@@ -80,35 +58,18 @@ def arrival_counters(kind: BlockKind) -> np.ndarray:
     return np.zeros(kind.config.kv_heads, np.uint32)
 
 
-def split_attention_kernel(kind: BlockKind, rotary: bool = False, dependent: bool = False,
-                           prefetch: tuple[L2Prefetch, ...] = ()) -> tuple[str, tvm.tirx.PrimFunc]:
+def split_attention_kernel(kind: BlockKind, rotary: bool = False,
+                           dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
     """(symbol, PrimFunc). Inputs q, k, v (or, with `rotary`, the fused projection and the rotary tables:
-    jitllm.ir.ops' RotaryPagedAttention, q and the new k rotated as read), pages, page table, past, the
-    arrival counters and the `prefetch` parts (`rotary` only); outputs the workspace, the attention
-    [1, 1, heads, head_dim] and, with `rotary`, the rotated k and v (the block's outputs too).
-    `dependent`: launched dependent."""
-    if len(prefetch) > MAX_PREFETCH or (prefetch and not rotary):
-        raise ValueError(f"the split attention prefetches up to {MAX_PREFETCH} weight parts, rotary only")
-    if any(p.nbytes % 16 or not 0 < p.nbytes <= int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
-           for p in prefetch):
-        raise ValueError(f"prefetch sizes must be positive multiples of 16 within their parts: {prefetch}")
-    return _kernel(kind, rotary, dependent, prefetch)
+    jitllm.ir.ops' RotaryPagedAttention, q and the new k rotated as read), pages, page table, past and the
+    arrival counters; outputs the workspace, the attention [1, 1, heads, head_dim] and, with `rotary`, the
+    rotated k and v (the block's outputs too). `dependent`: launched dependent."""
+    return _kernel(kind, rotary, dependent)
 
 
 def _ldcg(buf, *index):
     """buf[index] read from L2 (bypassing L1): another block of the launch wrote it."""
     return T.call_extern("float32", "__ldcg", T.address_of(buf[index]))
-
-
-def _prefetch_l2(buf, shape: tuple[int, ...], element, nbytes):
-    """`nbytes` of `buf` from its flat element `element` on into L2, asynchronously
-    (cp.async.bulk.prefetch.L2: one instruction, the copy engine does the rest; no result to wait for)."""
-    index, rest = [], element
-    for dim in reversed(shape):
-        index.insert(0, rest % dim)
-        rest = rest // dim
-    return T.evaluate(T.ptx.cp.async_.bulk.prefetch.L2.global_(T.address_of(buf[tuple(index)]),
-                                                                 T.Cast("uint32", nbytes)))
 
 
 def _fence():
@@ -126,8 +87,7 @@ def _rotated(qkv, cos, sin, base, d):
 
 
 
-def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
-            prefetch: tuple[L2Prefetch, ...]) -> tuple[str, tvm.tirx.PrimFunc]:
+def _kernel(kind: BlockKind, rotary: bool, dependent: bool) -> tuple[str, tvm.tirx.PrimFunc]:
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV
@@ -143,12 +103,6 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
     APPEND = (D + NT - 1) // NT
     STATES = (G * CHUNKS + NT - 1) // NT  # (head, chunk) maxima and denominators the merge reads
     symbol = f"jl_gpu_split_attention_append{'_rotary' if rotary else ''}_h{H}_kv{HKV}_d{D}_p{P}_c{CHUNKS}"
-    if prefetch:
-        symbol += f"_l2pf{sum(p.nbytes for p in prefetch) >> 10}k"
-    # each block pulls an equal slice of every part (a multiple of 16 bytes), thread i part i
-    parts = list(prefetch) + [L2Prefetch((16,), "uint8", 16)] * (MAX_PREFETCH - len(prefetch))
-    slices = [-(-p.nbytes // (HKV * CHUNKS) // 16) * 16 for p in parts]
-    items = [np.dtype(p.dtype).itemsize for p in parts]
 
     # Where the step's q, k, v come from: their own inputs, or (rotary: qkv is given) the projection,
     # rotated as read (Python helpers: they build each load's expression while the kernel is parsed).
@@ -172,13 +126,6 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
             page: T.let = pt[0, tc // P]
             kl[i] = pages[page, 0, kv, tc % P, e % D]
             vl[i] = pages[page, 1, kv, tc % P, e % D]
-
-    @T.macro
-    def prefetch_part(buf, i: int, blk, tx):
-        """Part i's slice for block blk into L2 (thread i issues it)."""
-        if tx == i and blk * slices[i] < parts[i].nbytes:
-            _prefetch_l2(buf, parts[i].shape, blk * (slices[i] // items[i]),
-                         T.min(slices[i], parts[i].nbytes - blk * slices[i]))
 
     @T.macro
     def tile_step(qkv, k, v, cos, sin, kl, vl, q_sh, k_sh, v_sh, sc4, sc, pr, resc, acc, tmp, run, kv, n, end,
@@ -279,8 +226,7 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
                 out[0, 0, kv * G + e // D, e % D] = acc[i] / tot[e // D]
 
     @T.macro
-    def body(qkv, q, k, v, cos, sin, k_out, v_out, pages_h, pt_h, past, counters, ws, out, pf0, pf1, pf2, pf3,
-             pf4, pf5):
+    def body(qkv, q, k, v, cos, sin, k_out, v_out, pages_h, pt_h, past, counters, ws, out):
         NP = T.int64()
         MP = T.int64()
         pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
@@ -317,19 +263,6 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
                 end: T.let = T.min(start + per, total)
                 used: T.let = (total + per - 1) // per  # chunks holding positions
                 release_next_kernel(dependent)  # (the O projection's blocks load weights while this runs)
-                # later kernels' weights into L2 while this one is latency-bound (no kernel writes them)
-                if len(prefetch) > 0:
-                    prefetch_part(pf0, 0, blk, tx)
-                if len(prefetch) > 1:
-                    prefetch_part(pf1, 1, blk, tx)
-                if len(prefetch) > 2:
-                    prefetch_part(pf2, 2, blk, tx)
-                if len(prefetch) > 3:
-                    prefetch_part(pf3, 3, blk, tx)
-                if len(prefetch) > 4:
-                    prefetch_part(pf4, 4, blk, tx)
-                if len(prefetch) > 5:
-                    prefetch_part(pf5, 5, blk, tx)
                 if chunk < used:  # the history is no output of the step's kernels: its first tile before the wait
                     old_kv(kl, vl, pages, pt, kv, n, start, tx)
                 await_previous_kernel(dependent)
@@ -389,14 +322,10 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
         def f(qkv: T.Buffer((1, 1, QD + 2 * KVD), "float32"), cos: T.Buffer((1, 1, D // 2), "float32"),
               sin: T.Buffer((1, 1, D // 2), "float32"), pages_h: T.handle, pt_h: T.handle,
               past: T.Buffer((1,), "int32"), counters: T.Buffer((HKV,), "uint32"),
-              pf0: T.Buffer(parts[0].shape, parts[0].dtype), pf1: T.Buffer(parts[1].shape, parts[1].dtype),
-              pf2: T.Buffer(parts[2].shape, parts[2].dtype), pf3: T.Buffer(parts[3].shape, parts[3].dtype),
-              pf4: T.Buffer(parts[4].shape, parts[4].dtype), pf5: T.Buffer(parts[5].shape, parts[5].dtype),
               ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32"), out: T.Buffer((1, 1, H, D), "float32"),
               k_out: T.Buffer((1, 1, HKV, D), "float32"), v_out: T.Buffer((1, 1, HKV, D), "float32")):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            body(qkv, None, None, None, cos, sin, k_out, v_out, pages_h, pt_h, past, counters, ws, out, pf0, pf1,
-                 pf2, pf3, pf4, pf5)
+            body(qkv, None, None, None, cos, sin, k_out, v_out, pages_h, pt_h, past, counters, ws, out)
     else:
         @T.prim_func
         def f(q: T.Buffer((1, 1, H, D), "float32"), k: T.Buffer((1, 1, HKV, D), "float32"),
@@ -404,9 +333,6 @@ def _kernel(kind: BlockKind, rotary: bool, dependent: bool,
               past: T.Buffer((1,), "int32"), counters: T.Buffer((HKV,), "uint32"),
               ws: T.Buffer((HKV, CHUNKS, G, D + 2), "float32"), out: T.Buffer((1, 1, H, D), "float32")):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            body(None, q, k, v, None, None, None, None, pages_h, pt_h, past, counters, ws, out, None, None, None,
-                 None, None, None)
+            body(None, q, k, v, None, None, None, None, pages_h, pt_h, past, counters, ws, out)
 
-    if rotary:  # (the prefetch slots it does not fill)
-        f = without_params(f, {f"pf{i}" for i in range(len(prefetch), MAX_PREFETCH)})
     return symbol, dependent_launch(f, dependent).with_attr("global_symbol", symbol)

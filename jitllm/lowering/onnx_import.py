@@ -18,18 +18,15 @@ from __future__ import annotations
 import contextlib
 import threading
 
-import numpy as np
 import onnx
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, WEIGHT_TYPES, BlockKind
-from jitllm.ir.layouts import weight_parts
+from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
 from jitllm.errors import JitllmError
 from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
-                           PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op,
-                           split_linear_op)
+                           PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
 from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
 
@@ -194,48 +191,18 @@ def _rotary(kind: BlockKind, target):
     return rotary
 
 
-def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list, following: list = ()) -> list:
+def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list) -> list:
     """The target's split decode attention (one kernel: its chunks merged by the last block of each KV
-    head, counted in on counters kept as a constant of the module): [out] or, with `rotary`, [out, k, v].
-    `following`: the weight parts of the linears after it (O, then gate/up), for its L2 prefetch."""
+    head, counted in on counters kept as a constant of the module): [out] or, with `rotary`, [out, k, v]."""
     c = kind.config
-    prefetched = _l2_prefetch(kind, target, list(following))
-    specs = tuple(spec for _, spec in prefetched)
-    symbol, func = target.split_attention_kernel(kind, rotary, specs) if specs else \
-        target.split_attention_kernel(kind, rotary)
+    symbol, func = target.split_attention_kernel(kind, rotary)
     counters = relax.const(target.attention_counters(kind))
     outs = [relax.TensorType(target.attention_workspace_shape(kind), "float32"),
             relax.TensorType([1, 1, c.heads, c.head_dim], "float32")]
     if rotary:
         outs += [relax.TensorType([1, 1, c.kv_heads, c.head_dim], "float32")] * 2
-    args = [*inputs, counters, *(part for part, _ in prefetched)]
-    call = bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), args, outs))
+    call = bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), [*inputs, counters], outs))
     return [bb.emit(relax.TupleGetItem(call, i)) for i in range(1, len(outs))]
-
-
-def _l2_prefetch(kind: BlockKind, target, following: list) -> list:
-    """(weight part, L2Prefetch) for the split attention: the O projection's parts, then the gate/up
-    projection's, the same leading row groups of each part of a linear, up to the target's
-    `l2_prefetch_bytes` in all (nothing where it has none)."""
-    from jitllm.lowering.kernels_gpu_attention import L2Prefetch
-
-    budget = getattr(target, "l2_prefetch_bytes", 0)
-    if not following or budget <= 0:
-        return []
-    out = []
-    for spec in kind.linears[1:3]:  # O, gate/up (fused kinds: qkv, O, gate/up, down)
-        count = len(weight_parts(spec.wtype, spec.out_features, spec.in_features))
-        parts, following = following[:count], following[count:]
-        shapes = [[int(d) for d in part.ty.shape.values] for part in parts]
-        dtypes = [str(part.ty.dtype) for part in parts]
-        group_bytes = [int(np.prod(s[1:])) * np.dtype(d).itemsize for s, d in zip(shapes, dtypes)]
-        groups = min(shapes[0][0], budget // sum(group_bytes))
-        for part, shape, dtype, size in zip(parts, shapes, dtypes, group_bytes):
-            nbytes = groups * size // 16 * 16
-            if nbytes:
-                out.append((part, L2Prefetch(tuple(shape), dtype, nbytes)))
-        budget -= groups * sum(group_bytes)
-    return out
 
 
 def _attention(kind: BlockKind, target):
@@ -256,10 +223,9 @@ def _rotary_attention(kind: BlockKind, target):
     rotary, attention = _rotary(kind, target), _attention(kind, target)
 
     def rotary_attention(bb, inputs, attr, params):
-        qkv, cos, sin, split, pages, pt, past, *following = [bb.normalize(i) for i in inputs]
+        qkv, cos, sin, split, pages, pt, past = [bb.normalize(i) for i in inputs]
         if hasattr(target, "split_attention_kernel"):
-            return relax.Tuple(_split_attention(bb, kind, target, True, [qkv, cos, sin, pages, pt, past],
-                                                following))
+            return relax.Tuple(_split_attention(bb, kind, target, True, [qkv, cos, sin, pages, pt, past]))
         q, k, v = rotary(bb, [qkv, cos, sin, split], attr, params).fields
         return relax.Tuple([bb.emit(attention(bb, [q, k, v, pages, pt, past], attr, params)), k, v])
 
@@ -275,19 +241,6 @@ def _recurrence_converter(kind: BlockKind, target):
         return bb.emit(relax.call_tir_inplace(gv, [q, k, v, a, state], [-1, 4], [q.ty, state.ty]))
 
     return _converter(gated_recurrence)
-
-
-def _pass_following_weights(graph: onnx.GraphProto) -> None:
-    """Give the RotaryPagedAttention node the weight parts of the two linears after it (O, gate/up) as
-    extra inputs, which its converter prefetches into L2 (only our importer sees this copy of the graph;
-    the op's ONNX function takes seven inputs)."""
-    nodes = list(graph.node)
-    for at, node in enumerate(nodes):
-        if node.op_type != ROTARY_ATTENTION:
-            continue
-        linears = [n for n in nodes[at + 1:] if split_linear_op(n.op_type) is not None][:2]
-        for linear in linears:
-            node.input.extend(linear.input[1 + len(EXTRA_INPUTS[split_linear_op(linear.op_type)[0]]):])
 
 
 @contextlib.contextmanager
@@ -314,8 +267,6 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]
-    if getattr(target, "l2_prefetch_bytes", 0) > 0:
-        _pass_following_weights(graph_only.graph)
     with _custom_ops(kind, target):
         mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
     if kind.kind == "llama":

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import tvm
@@ -22,6 +23,7 @@ from jitllm.ir.llama import kind_for_target
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.runtime.devices.base import Device, last_positions, to_device
+from jitllm.runtime.dlpack import aliases
 from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.embedding import TokenEmbedding
 from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
@@ -29,8 +31,8 @@ from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
-from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepInputs, capture_segment, segment_objects, segments,
-                                        signature)
+from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepFence, StepInputs, capture_segment, segment_objects,
+                                        segments, signature)
 
 
 @dataclass
@@ -67,11 +69,32 @@ class Session:
     step). Steps within it skip the per-block page bookkeeping; moves and resets set it back to 0."""
     arenas: dict[str, TableArena] = field(default_factory=dict)
     """Per device: the tensor its page tables are rows of (one upload when several gained pages)."""
+    pipeline: "Pipeline | None" = None
+    """Its pipelined greedy decode's device state (Executor.greedy_tokens), made at its first use."""
 
     def arena(self, device: Device) -> TableArena:
         if device.name not in self.arenas:
             self.arenas[device.name] = TableArena(device)
         return self.arenas[device.name]
+
+
+@dataclass
+class PipelineSlot:
+    """One of a pipelined decode's two alternating steps: its own host arrays and captured graph, so the
+    host fills one while the device runs the other, and the fence of its last launch."""
+
+    inputs: StepInputs
+    fence: StepFence | None = None
+
+
+@dataclass
+class Pipeline:
+    """A session's pipelined greedy decode on one device: the token on the device (each step's pick, [1, 1]
+    int32, which the next step's graph gathers its embedding row for) and the two slots."""
+
+    device: Device
+    token: tvm.runtime.Tensor
+    slots: list[PipelineSlot]
 
 
 def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -108,6 +131,8 @@ class Executor:
         self._segments: tuple[int, list[Segment]] = (-1, [])
         self.relocate: Callable[[Device, Exception], None] | None = None
         """Called when a device cannot grow the context; moves a block off it (or raises)."""
+        self._inflight: list[StepFence] = []
+        """Pipelined decode steps launched and not yet waited for (greedy_tokens); see `drain`."""
 
     # -- loading ---------------------------------------------------------------------------------
     def program(self, kind: BlockKind, device: Device) -> Program:
@@ -169,6 +194,7 @@ class Executor:
     def _pages_for(self, session: Session, unit: Unit, positions: int) -> PageTable:
         """The unit's page table holding `positions` positions. When a device has no room for more
         pages, `relocate` (if set) moves a block off that device, KV and all, and we try again."""
+        self.drain()
         self._epoch += 1
         while True:
             table = session.tables.get(unit.index)
@@ -201,6 +227,7 @@ class Executor:
         """Forget the session's history (its pages go back to their pools)."""
         self.drop_graphs(session)
         session.step_inputs.clear()
+        session.pipeline = None
         for table in session.tables.values():
             table.release()
         session.tables.clear()
@@ -227,16 +254,11 @@ class Executor:
 
     def _forward(self, session: Session, ids: list[int], pick: bool) -> np.ndarray | int:
         """`pick`: the head's program picks the greedy token, and that comes back instead of the logits."""
+        self.drain()
         n, past = len(ids), session.length
-        if past + n > self.ctx:
-            raise JitllmError(f"context full: {past + n} positions do not fit the context of {self.ctx}")
-        if past + n > session.kv_room:  # room first: relocation may move blocks, and must do so before the step
-            for unit in self.blocks:
-                if unit.kind.kind == "llama":
-                    self._pages_for(session, unit, past + n)
-            session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
-        if self._segments[0] != self._epoch:
-            self._segments = (self._epoch, segments(self.blocks, self.head))
+        self._check_context(past + n)
+        self._ensure_room(session, past + n)
+        self._current_segments()
         x: tvm.runtime.Tensor | np.ndarray | None = self._device_embedding(ids, self._segments[1][0].device)
         if x is None:
             x = self.embed(ids)[None]
@@ -252,6 +274,159 @@ class Executor:
         if isinstance(x, (np.ndarray, int)):  # (what a decode step brought back through host arrays)
             return x
         return int(x.numpy()[0]) if pick else x.numpy()[0, -1]
+
+    def _check_context(self, positions: int) -> None:
+        if positions > self.ctx:
+            raise JitllmError(f"context full: {positions} positions do not fit the context of {self.ctx}")
+
+    def _ensure_room(self, session: Session, positions: int) -> None:
+        """Pages for `positions` in every attention block's table (before the step: relocation may move
+        blocks, and must do so before it)."""
+        if positions > session.kv_room:
+            for unit in self.blocks:
+                if unit.kind.kind == "llama":
+                    self._pages_for(session, unit, positions)
+            session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
+
+    def _current_segments(self) -> list[Segment]:
+        if self._segments[0] != self._epoch:
+            self._segments = (self._epoch, segments(self.blocks, self.head))
+        return self._segments[1]
+
+    # -- pipelined greedy decode -----------------------------------------------------------------
+    def drain(self) -> None:
+        """Wait for every pipelined step still running. Whatever reads or changes what steps use (a step
+        of any session, page bookkeeping, a move, a reset) drains first: one step at a time uses a
+        device's modules (the split attention's counters assume it)."""
+        fences, self._inflight = self._inflight, []  # (a device fault raises once, not at every later drain)
+        for fence in fences:
+            fence.wait()
+
+    def greedy_tokens(self, session: Session, token: int, steps: int) -> Iterator[int]:
+        """`steps` greedy decode steps, the first fed `token`: yields each step's pick, as that many calls
+        of `next_token(session, [token])` would. Where the whole model is one captured segment whose head
+        picks the token on its device and gathers embedding rows there (a tied head on a GPU), each step's
+        graph starts from the token the step before left on the device, so step k + 1 is launched before
+        step k's token is read: the host's turn (its bookkeeping, the launch) overlaps the device's work
+        instead of leaving it idle between steps. A consumer that stops early leaves the session as if
+        the step still in flight never ran (it is waited for and not counted: its KV position is
+        written again by the next step fed there)."""
+        self.drain()
+        pending: deque[PipelineSlot] = deque()
+        launched = 0
+        try:
+            for k in range(steps):
+                if not pending:
+                    slot = self._launch_pipelined(session, launched % 2, token)
+                    if slot is None:  # the model cannot pipeline (now): one plain step
+                        token = self.next_token(session, [token])
+                        yield token
+                        continue
+                    pending.append(slot)
+                    launched += 1
+                if k + 1 < steps:  # the next step, from the token this one leaves on the device
+                    ahead = self._launch_pipelined(session, launched % 2, None)
+                    if ahead is not None:
+                        pending.append(ahead)
+                        launched += 1
+                slot = pending.popleft()
+                self._wait(slot.fence)
+                session.tokens.append(token)
+                token = int(slot.inputs.staging.token[0])
+                yield token
+        finally:
+            for slot in pending:  # launched ahead, not taken
+                self._wait(slot.fence)
+                session.length -= 1
+
+    def _wait(self, fence: StepFence) -> None:
+        if fence in self._inflight:
+            self._inflight.remove(fence)
+        with _device_faults(self.head.device):
+            fence.wait()
+
+    def _pipelined_segment(self) -> Segment | None:
+        """The segment a pipelined step runs: the whole model on one device that captures steps, with a
+        tied head that picks the token and gathers embedding rows there; else None."""
+        found = self._current_segments()
+        if not self.graphs or len(found) != 1:
+            return None
+        segment, head = found[0], self.head
+        if (segment.device.graphs is None or not segment.capturable or segment.head is None
+                or head.program.embed is None or head.program_for(1).argmax is None
+                or not self.layout.config.tied_head):
+            return None
+        return segment
+
+    def _launch_pipelined(self, session: Session, index: int, token: int | None) -> PipelineSlot | None:
+        """Launch one pipelined step on slot `index` without waiting for it. `token`: its input, uploaded
+        first (nothing is in flight then); None: the input is the pick of the step in flight, and the
+        launch happens only where it needs no bookkeeping that must wait for that step (new pages, a
+        capture or a signature check), else None (the caller launches it once the step is done)."""
+        ahead = token is None
+        past = session.length
+        if ahead and (past + 1 > min(self.ctx, session.kv_room) or self._segments[0] != self._epoch):
+            return None
+        self._check_context(past + 1)
+        self._ensure_room(session, past + 1)
+        segment = self._pipelined_segment()
+        if segment is None:
+            return None
+        _check_fault(segment.device)
+        with _device_faults(segment.device):
+            return self._launch_on(session, segment, index, token, past)
+
+    def _launch_on(self, session: Session, segment: Segment, index: int, token: int | None,
+                   past: int) -> PipelineSlot | None:
+        ahead = token is None
+        pipeline = self._pipeline(session, segment.device)
+        slot = pipeline.slots[index]
+        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, "pipelined", index)
+        record = self._graphs.get(key)
+        if ahead and (record is None or record.epoch != self._epoch):
+            return None
+        slot.inputs.feed_position(self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+        if token is not None:  # (before a capture too: a recorder may run the step while capturing it)
+            pipeline.token.copyfrom(np.array([[token]], np.int32))
+        if record is None or record.epoch != self._epoch:
+            objects = segment_objects(session, segment, slot.inputs) + [pipeline.token]
+            if record is None or record.signature != signature(objects, slot.inputs):
+                record = self._graphs[key] = capture_segment(
+                    segment.device.graphs, objects, slot.inputs,
+                    lambda call: self._pipelined_units(session, segment, slot.inputs, pipeline, call))
+                if self.log:
+                    self.log(f"captured pipelined decode graph {index}: session {session.id}, "
+                             f"{len(segment.blocks)} blocks + head on {segment.device.name}")
+            record.epoch = self._epoch
+            if token is not None:  # (what such a run picked went over it)
+                pipeline.token.copyfrom(np.array([[token]], np.int32))
+        slot.fence = slot.fence or segment.device.graphs.fence()
+        record.graph.launch()
+        slot.fence.record()
+        self._inflight.append(slot.fence)
+        session.length = past + 1
+        return slot
+
+    def _pipelined_units(self, session: Session, segment: Segment, step: StepInputs, pipeline: Pipeline,
+                         call: Callable) -> tvm.runtime.Tensor:
+        """A pipelined step: the embedding row of the token on the device, then the segment's units, ending
+        with the pick written back over that token."""
+        head = self.head
+        call(head.program.embed, pipeline.token, *head.weights[1:], step.x)  # (weights[0]: the final norm's)
+        return self._run_units(session, segment, step, 1, call, pick=True)
+
+    def _pipeline(self, session: Session, device: Device) -> Pipeline:
+        """The session's pipeline state on `device` (made once)."""
+        if session.pipeline is None or session.pipeline.device is not device:
+            cfg = self.layout.config
+            token = device.empty((1, 1), "int32")
+            slots = []
+            for _ in range(2):
+                inputs = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, cfg.vocab)
+                inputs.token = aliases(token, (((1,), "int32", 0),))[0]  # the pick lands where the next reads
+                slots.append(PipelineSlot(inputs))
+            session.pipeline = Pipeline(device, token, slots)
+        return session.pipeline
 
     def _device_embedding(self, ids: list[int], device: Device) -> tvm.runtime.Tensor | None:
         """A prompt's embedding rows gathered on `device` from the tied head's weights there, [1, n, hidden]
@@ -322,6 +497,8 @@ class Executor:
         step = session.step_inputs.get(device.name)
         if step is None or (segment.head is not None and step.staging.logits is None):
             cfg = self.layout.config
+            if step is not None:  # a step captured over the inputs this replaces (another segment here) must not replay
+                self._epoch += 1
             vocab = cfg.vocab if self.head.device is device else None
             step = session.step_inputs[device.name] = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, vocab)
         step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
@@ -350,6 +527,7 @@ class Executor:
 
     def drop_graphs(self, session: Session | None = None) -> None:
         """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""
+        self.drain()
         for key in [k for k in self._graphs if session is None or k[0] == session.id]:
             del self._graphs[key]
         self._epoch += 1

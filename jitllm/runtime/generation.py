@@ -29,10 +29,19 @@ class GenerationStats:
 def generate_ids(executor: Executor, session: Session, prompt: list[int], max_new_tokens: int, sampler: Sampler,
                  stop_ids: set[int], stats: GenerationStats, ubatch: int = 512) -> Iterator[int]:
     """Yield sampled token ids; the first comes after prefill. Stop tokens end the loop unyielded. Greedy
-    sampling lets the executor pick (on the device, where the head's program can)."""
+    sampling lets the executor pick (on the device, where the head's program can, and with the next
+    step launched before this one's token is read, where the model can: Executor.greedy_tokens)."""
 
     def pick(ids: list[int]) -> int:
         return executor.next_token(session, ids) if sampler.greedy else sampler(executor.forward(session, ids))
+
+    def following(token: int, steps: int) -> Iterator[int]:
+        if sampler.greedy:
+            yield from executor.greedy_tokens(session, token, steps)
+            return
+        for _ in range(steps):
+            token = pick([token])
+            yield token
 
     start = time.perf_counter()
     chunks = [prompt[at:at + ubatch] for at in range(0, len(prompt), ubatch)]
@@ -41,12 +50,17 @@ def generate_ids(executor: Executor, session: Session, prompt: list[int], max_ne
     token = pick(chunks[-1])
     stats.prompt_tokens += len(prompt)
     stats.prefill_seconds += time.perf_counter() - start
+    if max_new_tokens <= 0:
+        return
     start = time.perf_counter()
-    for i in range(max_new_tokens):
-        if token in stop_ids:
-            break
-        stats.generated_tokens += 1
-        yield token
-        if i + 1 < max_new_tokens:
-            token = pick([token])
-    stats.decode_seconds += time.perf_counter() - start
+    rest = following(token, max_new_tokens - 1)
+    try:
+        while token not in stop_ids:
+            stats.generated_tokens += 1
+            yield token
+            token = next(rest, None)
+            if token is None:
+                break
+    finally:
+        rest.close()  # (a step launched ahead and not taken is waited for and uncounted)
+        stats.decode_seconds += time.perf_counter() - start

@@ -49,6 +49,7 @@ class MoveReport:
 
 
 def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
+    executor.drain()  # (a pipelined step still running reads the weights and writes the pages moved here)
     unit = executor.unit(index)
     source = unit.device
     clock = _PhaseClock()

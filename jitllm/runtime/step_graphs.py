@@ -30,6 +30,14 @@ from jitllm.runtime.devices.base import Device
 
 class StepGraph(Protocol):
     def replay(self) -> None: ...
+    def launch(self) -> None: ...
+
+
+class StepFence(Protocol):
+    """Marks the work queued on a recorder's stream (`record`) and waits until it ran (`wait`)."""
+
+    def record(self) -> None: ...
+    def wait(self) -> None: ...
 
 
 class Transfers(Protocol):
@@ -55,6 +63,7 @@ class PlainTransfers:
 
 class GraphRecorder(Transfers, Protocol):
     def capture(self, body: Callable[[Callable], object]) -> tuple[StepGraph, object]: ...
+    def fence(self) -> StepFence: ...
 
 
 @dataclass
@@ -120,6 +129,13 @@ class StepInputs:
             self.x.device.sync()
         host.cos[...], host.sin[...], host.past[0] = cos, sin, past
 
+    def feed_position(self, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
+        """This token's position into the host arrays, for a step whose hidden state the step itself
+        gathers on the device (a pipelined greedy step: Executor.greedy_tokens)."""
+        host = self.staging
+        host.x_staged = False
+        host.cos[...], host.sin[...], host.past[0] = cos, sin, past
+
     def upload(self) -> None:
         """The host arrays into the device tensors (the first thing a decode step does)."""
         host = self.staging
@@ -170,11 +186,12 @@ class GraphRecord:
     """The executor's epoch when the signature was last found to match (Executor._epoch)."""
 
 
-def segment_objects(session, segment: Segment) -> list:
-    """What a captured decode step of `segment` bakes in: the session's input tensors on the device and,
-    per unit, its device, weights, page pool and page-table tensor. Their ids are the record's signature:
-    any change (a move, a pool growth, a table outgrowing its room) needs a new capture."""
-    objects: list = [segment.device, session.step_inputs[segment.device.name]]
+def segment_objects(session, segment: Segment, step: StepInputs | None = None) -> list:
+    """What a captured decode step of `segment` bakes in: the session's input tensors on the device (`step`,
+    else its decode inputs there) and, per unit, its device, weights, page pool and page-table tensor.
+    Their ids are the record's signature: any change (a move, a pool growth, a table outgrowing its
+    room) needs a new capture."""
+    objects: list = [segment.device, step or session.step_inputs[segment.device.name]]
     for unit in segment.blocks:
         table = session.tables[unit.index]
         objects += [unit.device, unit.weights, table.pool.pages, table.tensor()]
@@ -214,6 +231,9 @@ class ReplayRecorder(PlainTransfers):
     def __init__(self) -> None:
         self.captures = 0
 
+    def fence(self) -> StepFence:
+        return _Done()
+
     def capture(self, body: Callable[[Callable], object]) -> tuple[StepGraph, object]:
         calls: list[tuple[Callable, tuple, object]] = []
 
@@ -227,9 +247,22 @@ class ReplayRecorder(PlainTransfers):
         return _Replay(calls), output
 
 
+class _Done:
+    """The host stand-in's fence: its replays run as they are launched."""
+
+    def record(self) -> None:
+        pass
+
+    def wait(self) -> None:
+        pass
+
+
 class _Replay:
     def __init__(self, calls: list[tuple[Callable, tuple, object]]) -> None:
         self.calls = calls
+
+    def launch(self) -> None:
+        self.replay()
 
     def replay(self) -> None:
         for fn, args, captured in self.calls:

@@ -186,6 +186,45 @@ def test_the_device_picks_the_greedy_token_as_numpy_does(tiny_model, cache_dir):
     assert {key[2] for key in ex._graphs} == {True, False}  # (one segment: the blocks and the head)
 
 
+def test_pipelined_greedy_steps_match_plain_ones_through_moves(tiny_model, cache_dir):
+    """Greedy decode launches each step before reading the token of the one before (Executor.greedy_tokens:
+    the graph gathers its input row from the pick on the device). Its tokens and the KV it leaves are those
+    of plain eager steps, with a block moved to the host and back while a step is in flight (the move waits
+    for it; steps with the block away are plain ones, and the pipeline is captured again after it comes
+    back, over the moved buffers), and after the consumer stops early (the step in flight is uncounted)."""
+    from jitllm.model import load
+
+    prompt = list(range(4, 30))
+    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    eager = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    eager.executor.graphs = False
+    moves = {5: ("1", "host"), 12: ("1", "cuda:0"), 20: ("*", "cuda:0")}
+    ex, ref = model.executor, eager.executor
+    session, reference = ex.new_session(), ref.new_session()
+    first = ex.next_token(session, prompt)
+    assert first == ref.next_token(reference, prompt)
+    got, stream = [], ex.greedy_tokens(session, first, 60)
+    for i, token in enumerate(stream):
+        got.append(token)
+        if i in moves:
+            assert len(ex._inflight) == (0 if i == 12 else 1)  # (plain steps while block 1 is on the host)
+            model.move(*moves[i])
+        if i == 40:
+            break
+    stream.close()
+    assert not ex._inflight and session.length == len(prompt) + 41
+    expected, token = [], first
+    for i in range(41):
+        token = ref.next_token(reference, [token])
+        expected.append(token)
+        if i in moves:
+            eager.move(*moves[i])
+    assert got == expected and reference.length == session.length
+    a, b = ex.forward(session, [got[-1]]), ref.forward(reference, [expected[-1]])
+    assert np.abs(a - b).max() < 1e-5  # the KV of every position as the plain steps left it
+    assert any(key[2] == "pipelined" for key in ex._graphs)
+
+
 def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
     from jitllm.model import load
     from jitllm.runtime.sampling import SamplingParams

@@ -60,6 +60,14 @@ def test_moves_between_captured_segments_keep_the_output(tiny_model, cache_dir, 
     assert sim0.graphs.captures >= 3 and sim1.graphs.captures >= 3
 
 
+def test_a_device_gaining_the_head_does_not_replay_steps_over_its_old_inputs(tiny_model, cache_dir, baseline):
+    """A device's decode inputs are remade when the head comes to it (they gain the logits' host array);
+    a segment of blocks there, captured over the old ones, is captured again rather than replayed."""
+    model, _ = _load(tiny_model, cache_dir, placement="0=sim:1,1=sim:0,head=sim:0")
+    model.move_schedule = {5: ["head=sim:1"]}  # then sim:1 runs block 0 and, after sim:0's block 1, the head
+    assert model.generate_ids(PROMPT, N) == baseline
+
+
 def test_a_move_invalidates_the_captured_step(tiny_model, cache_dir):
     model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor

@@ -27,6 +27,7 @@ from jitllm.runtime.dlpack import data_pointer
 
 CU_STREAM_NON_BLOCKING = 1
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
+CU_EVENT_DISABLE_TIMING = 2
 
 class CudaGraph:
     """An instantiated graph and the stream it replays on."""
@@ -36,13 +37,38 @@ class CudaGraph:
 
     def replay(self) -> None:
         """Run the captured kernels and wait for them (the outputs are read right after)."""
-        check(cuda_driver.driver().cuGraphLaunch(self._exec, self._stream), "CUDA graph launch", self._device)
+        self.launch()
         check(cuda_driver.driver().cuStreamSynchronize(self._stream), "CUDA graph run", self._device)
+
+    def launch(self) -> None:
+        """Queue the captured kernels on the stream and return at once (`StepFence` tells when they ran)."""
+        check(cuda_driver.driver().cuGraphLaunch(self._exec, self._stream), "CUDA graph launch", self._device)
 
     def __del__(self) -> None:
         if self._exec and cuda_driver.loaded() is not None:
             cuda_driver.loaded().cuGraphExecDestroy(self._exec)
             self._exec = None
+
+
+class CudaFence:
+    """A CUDA event on a recorder's stream: `record` marks the work queued so far, `wait` blocks until it ran."""
+
+    def __init__(self, stream: ctypes.c_void_p, device: str) -> None:
+        self._stream, self._device = stream, device
+        self._event = ctypes.c_void_p()
+        check(cuda_driver.driver().cuEventCreate(ctypes.byref(self._event), CU_EVENT_DISABLE_TIMING),
+              "cuEventCreate", device)
+
+    def record(self) -> None:
+        check(cuda_driver.driver().cuEventRecord(self._event, self._stream), "cuEventRecord", self._device)
+
+    def wait(self) -> None:
+        check(cuda_driver.driver().cuEventSynchronize(self._event), "CUDA graph run", self._device)
+
+    def __del__(self) -> None:
+        if self._event and cuda_driver.loaded() is not None:
+            cuda_driver.loaded().cuEventDestroy_v2(self._event)
+            self._event = None
 
 
 class CudaGraphRecorder:
@@ -79,6 +105,10 @@ class CudaGraphRecorder:
         """One asynchronous copy on the capture stream: a node of the graph being captured."""
         rc = getattr(cuda_driver.driver(), call)(dst, src, ctypes.c_size_t(nbytes), self._stream)
         check(rc, call.removesuffix("_v2"), self._name)
+
+    def fence(self) -> CudaFence:
+        """A marker of this recorder's stream, for steps launched without waiting (`CudaGraph.launch`)."""
+        return CudaFence(self._ready_stream(), self._name)
 
     def _ready_stream(self) -> ctypes.c_void_p:
         if self._stream is None:

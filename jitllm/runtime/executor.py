@@ -381,17 +381,22 @@ class Executor:
         ahead = token is None
         pipeline = self._pipeline(session, segment.device)
         slot = pipeline.slots[index]
-        key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, "pipelined", index)
-        record = self._graphs.get(key)
+        keys = [(session.id, segment.blocks[0].index if segment.blocks else HEAD, "pipelined", i) for i in (0, 1)]
+        record = self._graphs.get(keys[index])
         if ahead and (record is None or record.epoch != self._epoch):
             return None
+        other = self._graphs.get(keys[1 - index])
+        if not ahead and other is not None and other.epoch != self._epoch:  # (so the next step can go ahead)
+            inputs = pipeline.slots[1 - index].inputs
+            if other.signature == signature(segment_objects(session, segment, inputs) + [pipeline.token], inputs):
+                other.epoch = self._epoch
         slot.inputs.feed_position(self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
         if token is not None:  # (before a capture too: a recorder may run the step while capturing it)
             pipeline.token.copyfrom(np.array([[token]], np.int32))
         if record is None or record.epoch != self._epoch:
             objects = segment_objects(session, segment, slot.inputs) + [pipeline.token]
             if record is None or record.signature != signature(objects, slot.inputs):
-                record = self._graphs[key] = capture_segment(
+                record = self._graphs[keys[index]] = capture_segment(
                     segment.device.graphs, objects, slot.inputs,
                     lambda call: self._pipelined_units(session, segment, slot.inputs, pipeline, call))
                 if self.log:

@@ -82,6 +82,24 @@ def test_pipelined_steps_give_the_tokens_of_plain_steps(tiny_model, cache_dir, b
     assert not ex._inflight and not ex._graphs  # (the session closed: its graphs went with it)
 
 
+def test_the_next_step_runs_ahead_except_where_it_needs_a_page(tiny_model, cache_dir, baseline, plain_steps):
+    """A step that needs a new page waits for the one before (page bookkeeping may move blocks), as does the
+    second step (its slot's first capture) and the one after a pool growth (both slots are captured again
+    over the new pool); every other step is launched while the one before runs."""
+    ex = _load(tiny_model, cache_dir).executor
+    session = ex.new_session()
+    first = ex.next_token(session, PROMPT)
+    page = ex.layout.block_kinds[0].page_size
+    ahead, pools = [], []
+    for token in ex.greedy_tokens(session, first, N - 1):
+        ahead.append(len(ex._inflight))
+        pools.append(ex.pools["sim:0"].pages)
+    positions = [len(PROMPT) + k + 1 for k in range(N - 1)]  # of the step after each
+    grew = [k for k in range(1, N - 1) if pools[k] is not pools[k - 1]]
+    assert grew and len(grew) < len([p for p in positions if p % page == 0])  # (the test covers both cases)
+    assert ahead == [0 if k in (0, N - 2) or p % page == 0 or k in grew else 1 for k, p in enumerate(positions)]
+
+
 def test_moves_while_a_step_is_in_flight_keep_the_tokens(tiny_model, cache_dir, baseline, plain_steps):
     model = _load(tiny_model, cache_dir)
     # each move comes while the next step runs ahead: the move waits for it, and the pipeline takes it up

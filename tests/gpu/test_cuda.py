@@ -195,10 +195,10 @@ def test_pipelined_greedy_steps_match_plain_ones_through_moves(tiny_model, cache
     from jitllm.model import load
 
     prompt = list(range(4, 30))
-    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
-    eager = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir)
+    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    eager = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     eager.executor.graphs = False
-    moves = {6: ("1", "host"), 12: ("1", "cuda:0"), 20: ("*", "cuda:0")}
+    moves = {8: ("1", "host"), 12: ("1", "cuda:0"), 20: ("*", "cuda:0")}
     ex, ref = model.executor, eager.executor
     session, reference = ex.new_session(), ref.new_session()
     first = ex.next_token(session, prompt)
@@ -222,7 +222,9 @@ def test_pipelined_greedy_steps_match_plain_ones_through_moves(tiny_model, cache
             eager.move(*moves[i])
     assert got == expected and reference.length == session.length
     a, b = ex.forward(session, [got[-1]]), ref.forward(reference, [expected[-1]])
-    assert np.abs(a - b).max() < 1e-5  # the KV of every position as the plain steps left it
+    # the KV of every position as the plain steps left it (to rounding: pipelined steps gather their row on
+    # the GPU, plain ones take the host's)
+    assert np.abs(a - b).max() < 2e-6 * np.abs(b).max()
     assert any(key[2] == "pipelined" for key in ex._graphs)
 
 

@@ -49,6 +49,14 @@ def main() -> None:
             replays.append(time.perf_counter() - start)
         print(f"its captured graph alone (every block and the head on the GPU, then a sync): median "
               f"{1e3 * np.median(replays):.2f} ms; the rest of the step is host work")
+        fence, runs = dev.graphs.fence(), 20
+        start = time.perf_counter()
+        for _ in range(runs):
+            graph.launch()
+        fence.record()
+        fence.wait()
+        print(f"{runs} replays launched back to back, one wait: {1e3 * (time.perf_counter() - start) / runs:.2f} ms "
+              "each (the GPU's time per step with no host turn between: what pipelined decode approaches)")
     unit = ex.blocks[0]
     from jitllm.lowering.cache import get_artifact
 

@@ -23,8 +23,8 @@ from jitllm.ir.llama import kind_for_target
 from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.runtime.devices.base import Device, last_positions, to_device
-from jitllm.runtime.dlpack import aliases
 from jitllm.runtime.devices.host import HOST as HOST_NAME
+from jitllm.runtime.dlpack import aliases
 from jitllm.runtime.embedding import TokenEmbedding
 from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
 from jitllm.runtime.model_layout import HEAD, ModelLayout

@@ -67,7 +67,7 @@ def decode_speed(model, tokens: int, reps: int, history: int = 0) -> SpeedResult
             session.length = history
         token = ex.next_token(session, _prompt(1, ex.layout.config.vocab, rep))
         start = time.perf_counter()
-        for token in ex.greedy_tokens(session, token, tokens):
+        for _ in ex.greedy_tokens(session, token, tokens):
             pass
         if rep:
             rates.append(tokens / (time.perf_counter() - start))

@@ -122,8 +122,9 @@ class Executor:
         self.sessions: dict[int, Session] = {}
         self.graphs = True
         """Decode steps of devices that can capture them run as graphs (step_graphs.py)."""
-        self._graphs: dict[tuple[int, int | str, bool], GraphRecord] = {}
-        """(session, the segment's first unit, whether its step ends with the greedy pick) -> its graph."""
+        self._graphs: dict[tuple, GraphRecord] = {}
+        """(session, the segment's first unit, whether its step ends with the greedy pick) -> its graph; a
+        pipelined greedy step's are (session, first unit, "pipelined", slot)."""
         self._epoch = 0
         """Bumped whenever pages are handed out (a pool may have grown) or captured steps are dropped
         (moves, resets): a record checked at the current epoch replays without its signature rebuilt,
@@ -373,41 +374,32 @@ class Executor:
         if segment is None:
             return None
         _check_fault(segment.device)
-        with _device_faults(segment.device):
-            return self._launch_on(session, segment, index, token, past)
-
-    def _launch_on(self, session: Session, segment: Segment, index: int, token: int | None,
-                   past: int) -> PipelineSlot | None:
-        ahead = token is None
-        pipeline = self._pipeline(session, segment.device)
-        slot = pipeline.slots[index]
-        keys = [(session.id, segment.blocks[0].index if segment.blocks else HEAD, "pipelined", i) for i in (0, 1)]
-        record = self._graphs.get(keys[index])
-        if ahead and (record is None or record.epoch != self._epoch):
+        first = segment.blocks[0].index if segment.blocks else HEAD
+        key = (session.id, first, "pipelined", index)
+        record = self._graphs.get(key)
+        if ahead and not (record is not None and record.epoch == self._epoch):
             return None
-        other = self._graphs.get(keys[1 - index])
-        if not ahead and other is not None and other.epoch != self._epoch:  # (so the next step can go ahead)
-            inputs = pipeline.slots[1 - index].inputs
-            if other.signature == signature(segment_objects(session, segment, inputs) + [pipeline.token], inputs):
-                other.epoch = self._epoch
-        slot.inputs.feed_position(self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
-        if token is not None:  # (before a capture too: a recorder may run the step while capturing it)
-            pipeline.token.copyfrom(np.array([[token]], np.int32))
-        if record is None or record.epoch != self._epoch:
-            objects = segment_objects(session, segment, slot.inputs) + [pipeline.token]
-            if record is None or record.signature != signature(objects, slot.inputs):
-                record = self._graphs[keys[index]] = capture_segment(
-                    segment.device.graphs, objects, slot.inputs,
-                    lambda call: self._pipelined_units(session, segment, slot.inputs, pipeline, call))
-                if self.log:
-                    self.log(f"captured pipelined decode graph {index}: session {session.id}, "
-                             f"{len(segment.blocks)} blocks + head on {segment.device.name}")
-            record.epoch = self._epoch
-            if token is not None:  # (what such a run picked went over it)
+        with _device_faults(segment.device):
+            pipeline = self._pipeline(session, segment.device)
+            slot, other = pipeline.slots[index], pipeline.slots[1 - index]
+
+            def baked(inputs: StepInputs) -> Callable[[], list]:
+                return lambda: segment_objects(session, segment, inputs) + [pipeline.token]
+
+            slot.inputs.feed(None, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+            if not ahead:  # (the input before any capture: a recorder may run the step while capturing it)
                 pipeline.token.copyfrom(np.array([[token]], np.int32))
-        slot.fence = slot.fence or segment.device.graphs.fence()
-        record.graph.launch()
-        slot.fence.record()
+                # (the other slot too, now that nothing is in flight: so the next step can go ahead)
+                self._still_valid(self._graphs.get((session.id, first, "pipelined", 1 - index)), baked(other.inputs),
+                                  other.inputs)
+                if not self._still_valid(record, baked(slot.inputs), slot.inputs):
+                    record = self._capture(key, segment, slot.inputs, baked(slot.inputs)(),
+                                           lambda call: self._pipelined_units(session, segment, slot.inputs,
+                                                                              pipeline, call))
+                    pipeline.token.copyfrom(np.array([[token]], np.int32))  # (a recorder may have run the step)
+            slot.fence = slot.fence or segment.device.graphs.fence()
+            record.graph.launch()
+            slot.fence.record()
         self._inflight.append(slot.fence)
         session.length = past + 1
         return slot
@@ -425,13 +417,31 @@ class Executor:
         if session.pipeline is None or session.pipeline.device is not device:
             cfg = self.layout.config
             token = device.empty((1, 1), "int32")
-            slots = []
-            for _ in range(2):
-                inputs = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, cfg.vocab)
-                inputs.token = aliases(token, (((1,), "int32", 0),))[0]  # the pick lands where the next reads
-                slots.append(PipelineSlot(inputs))
+            pick = aliases(token, (((1,), "int32", 0),))[0]  # the pick lands where the next step reads
+            slots = [PipelineSlot(StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, cfg.vocab, pick))
+                     for _ in range(2)]
             session.pipeline = Pipeline(device, token, slots)
         return session.pipeline
+
+    def _still_valid(self, record: GraphRecord | None, objects: Callable[[], list], step: StepInputs) -> bool:
+        """Whether `record` may replay now: checked at this epoch, or what it baked (`objects()`, looked at
+        only then) is still what the step would use; then it is marked checked at this epoch."""
+        if record is None:
+            return False
+        if record.epoch != self._epoch and record.signature == signature(objects(), step):
+            record.epoch = self._epoch
+        return record.epoch == self._epoch
+
+    def _capture(self, key: tuple, segment: Segment, step: StepInputs, objects: list,
+                 run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
+        """Capture `run` as the record under `key`, checked at this epoch."""
+        record = self._graphs[key] = capture_segment(segment.device.graphs, objects, step, run)
+        record.epoch = self._epoch
+        if self.log:
+            what = "pipelined decode graph" if "pipelined" in key else "decode graph"
+            self.log(f"captured {what}: session {key[0]}, {len(segment.blocks)} blocks"
+                     f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
+        return record
 
     def _device_embedding(self, ids: list[int], device: Device) -> tvm.runtime.Tensor | None:
         """A prompt's embedding rows gathered on `device` from the tied head's weights there, [1, n, hidden]
@@ -517,16 +527,11 @@ class Executor:
         step = self._step_inputs(session, segment, x, past)
         key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, pick and segment.head is not None)
         record = self._graphs.get(key)
-        if record is None or record.epoch != self._epoch:  # pages or units may have changed: check what it baked
-            objects = segment_objects(session, segment)  # (also uploads page-table rows added since)
-            if record is None or record.signature != signature(objects, step):
-                record = self._graphs[key] = capture_segment(
-                    segment.device.graphs, objects, step,
-                    lambda call: self._run_units(session, segment, step, 1, call, pick))
-                if self.log:
-                    self.log(f"captured decode graph: session {session.id}, {len(segment.blocks)} blocks"
-                             f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
-            record.epoch = self._epoch
+        # pages or units may have changed: check what it baked (segment_objects also uploads page-table rows
+        # added since)
+        if not self._still_valid(record, lambda: segment_objects(session, segment), step):
+            record = self._capture(key, segment, step, segment_objects(session, segment),
+                                   lambda call: self._run_units(session, segment, step, 1, call, pick))
         record.graph.replay()
         return step.output(segment, record.output, pick)
 

@@ -40,7 +40,7 @@ def generate_ids(executor: Executor, session: Session, prompt: list[int], max_ne
             yield from executor.greedy_tokens(session, token, steps)
             return
         for _ in range(steps):
-            token = pick([token])
+            token = sampler(executor.forward(session, [token]))
             yield token
 
     start = time.perf_counter()

@@ -107,33 +107,29 @@ class StepInputs:
     """Where the step ends with the head: the greedy pick's [1] int32 on the device."""
 
     @classmethod
-    def on(cls, device: Device, hidden: int, half: int, vocab: int | None) -> "StepInputs":
+    def on(cls, device: Device, hidden: int, half: int, vocab: int | None,
+           token: tvm.runtime.Tensor | None = None) -> "StepInputs":
         """Decode inputs on `device`; `vocab` where the step ends with the head there (its logits come back
-        through a host array too)."""
+        through a host array too, and the pick lands in `token`, a new [1] int32 unless given)."""
         transfers = device.graphs if device.graphs is not None else PlainTransfers()
         tensors = (device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
                    device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
-        token = device.empty((1,), "int32") if vocab else None
-        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab), token=token)
+        if vocab and token is None:
+            token = device.empty((1,), "int32")
+        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab), token=token if vocab else None)
 
     def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
         """This token's values into the host arrays; a hidden state already on a device (from the segment
-        before) is copied into `x` directly."""
+        before) is copied into `x` directly, and None leaves `x` to the step (a pipelined greedy step
+        gathers it on the device: Executor.greedy_tokens)."""
         host = self.staging
         host.x_staged = isinstance(x, np.ndarray)
         if host.x_staged:
             host.x[...] = x
-        else:  # a copy with page-locked host memory on either side runs asynchronously: wait for it
+        elif x is not None:  # a copy with page-locked host memory on either side runs asynchronously: wait for it
             x.copyto(self.x)
             x.device.sync()
             self.x.device.sync()
-        host.cos[...], host.sin[...], host.past[0] = cos, sin, past
-
-    def feed_position(self, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
-        """This token's position into the host arrays, for a step whose hidden state the step itself
-        gathers on the device (a pipelined greedy step: Executor.greedy_tokens)."""
-        host = self.staging
-        host.x_staged = False
         host.cos[...], host.sin[...], host.past[0] = cos, sin, past
 
     def upload(self) -> None:

@@ -58,15 +58,6 @@ def arrival_counters(kind: BlockKind) -> np.ndarray:
     return np.zeros(kind.config.kv_heads, np.uint32)
 
 
-def split_attention_kernel(kind: BlockKind, rotary: bool = False,
-                           dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
-    """(symbol, PrimFunc). Inputs q, k, v (or, with `rotary`, the fused projection and the rotary tables:
-    jitllm.ir.ops' RotaryPagedAttention, q and the new k rotated as read), pages, page table, past and the
-    arrival counters; outputs the workspace, the attention [1, 1, heads, head_dim] and, with `rotary`, the
-    rotated k and v (the block's outputs too). `dependent`: launched dependent."""
-    return _kernel(kind, rotary, dependent)
-
-
 def _ldcg(buf, *index):
     """buf[index] read from L2 (bypassing L1): another block of the launch wrote it."""
     return T.call_extern("float32", "__ldcg", T.address_of(buf[index]))
@@ -86,8 +77,12 @@ def _rotated(qkv, cos, sin, base, d):
     return qkv[0, 0, base + d] * cos[0, 0, pair] + sign * partner * sin[0, 0, pair]
 
 
-
-def _kernel(kind: BlockKind, rotary: bool, dependent: bool) -> tuple[str, tvm.tirx.PrimFunc]:
+def split_attention_kernel(kind: BlockKind, rotary: bool = False,
+                           dependent: bool = False) -> tuple[str, tvm.tirx.PrimFunc]:
+    """(symbol, PrimFunc). Inputs q, k, v (or, with `rotary`, the fused projection and the rotary tables:
+    jitllm.ir.ops' RotaryPagedAttention, q and the new k rotated as read), pages, page table, past and the
+    arrival counters; outputs the workspace, the attention [1, 1, heads, head_dim] and, with `rotary`, the
+    rotated k and v (the block's outputs too). `dependent`: launched dependent."""
     c, P = kind.config, kind.page_size
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV

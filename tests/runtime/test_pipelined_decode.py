@@ -14,11 +14,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jitllm.model import load
-from jitllm.runtime.devices.host import simulated_device
 from jitllm.runtime.executor import Executor
-from jitllm.runtime.model_layout import HEAD
-from jitllm.runtime.step_graphs import ReplayRecorder
+from simulated_graphs import load_on_simulated
 
 PROMPT = list(range(4, 30))
 N = 40  # past two pages of 16 positions: the pipeline stops for page bookkeeping on the way
@@ -55,14 +52,7 @@ def plain_steps(monkeypatch):
 
 
 def _load(path, cache_dir, placement="*=sim:0,head=sim:0", graphs=True):
-    devices = [simulated_device("sim:0"), simulated_device("sim:1")]
-    for dev in devices:
-        dev.graphs = ReplayRecorder() if graphs else None
-    model = load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=devices)
-    for part in placement.split(","):
-        if part:
-            model.move(*part.split("="))
-    return model
+    return load_on_simulated(path, cache_dir, placement, graphs)[0]
 
 
 @pytest.fixture

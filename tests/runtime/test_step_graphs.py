@@ -7,34 +7,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitllm.model import load
-from jitllm.runtime.devices.host import simulated_device
 from jitllm.runtime.model_layout import HEAD
-from jitllm.runtime.step_graphs import ReplayRecorder, segments
+from jitllm.runtime.step_graphs import segments
+from simulated_graphs import load_on_simulated
 
 PROMPT = list(range(4, 30))
 N = 24
 
 
-def _load(path, cache_dir, placement=None, graphs=True):
-    devices = [simulated_device("sim:0"), simulated_device("sim:1")]
-    if graphs:
-        for dev in devices:
-            dev.graphs = ReplayRecorder()
-    model = load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=devices)
-    for part in (placement or "").split(","):
-        if part:
-            model.move(*part.split("="))
-    return model, devices
-
-
 @pytest.fixture(scope="module")
 def baseline(tiny_model, cache_dir):
-    return _load(tiny_model, cache_dir, graphs=False)[0].generate_ids(PROMPT, N)
+    return load_on_simulated(tiny_model, cache_dir, graphs=False)[0].generate_ids(PROMPT, N)
 
 
 def test_segments_group_consecutive_units_and_the_head(tiny_model, cache_dir):
-    model, _ = _load(tiny_model, cache_dir, placement="0=sim:0,1=sim:0,head=sim:1")
+    model, _ = load_on_simulated(tiny_model, cache_dir, placement="0=sim:0,1=sim:0,head=sim:1")
     ex = model.executor
     segs = segments(ex.blocks, ex.head)
     assert [(s.device.name, [u.index for u in s.blocks], s.head is not None) for s in segs] == [
@@ -45,7 +32,7 @@ def test_segments_group_consecutive_units_and_the_head(tiny_model, cache_dir):
 
 
 def test_replayed_steps_give_the_eager_tokens(tiny_model, cache_dir, baseline):
-    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     assert model.generate_ids(PROMPT, N) == baseline
     # one capture for the first decode step, one more when the page pool grew mid-generation; the other
     # steps replayed
@@ -53,7 +40,7 @@ def test_replayed_steps_give_the_eager_tokens(tiny_model, cache_dir, baseline):
 
 
 def test_moves_between_captured_segments_keep_the_output(tiny_model, cache_dir, baseline):
-    model, (sim0, sim1) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:1")
+    model, (sim0, sim1) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:1")
     model.move_schedule = {3: ["0=sim:1"], 6: ["1=host"], 9: ["*=sim:0,head=sim:0"], 13: ["head=sim:1"],
                            17: ["0-1=sim:1"], 21: ["*=host,head=host"]}
     assert model.generate_ids(PROMPT, N) == baseline
@@ -63,13 +50,13 @@ def test_moves_between_captured_segments_keep_the_output(tiny_model, cache_dir, 
 def test_a_device_gaining_the_head_does_not_replay_steps_over_its_old_inputs(tiny_model, cache_dir, baseline):
     """A device's decode inputs are remade when the head comes to it (they gain the logits' host array);
     a segment of blocks there, captured over the old ones, is captured again rather than replayed."""
-    model, _ = _load(tiny_model, cache_dir, placement="0=sim:1,1=sim:0,head=sim:0")
+    model, _ = load_on_simulated(tiny_model, cache_dir, placement="0=sim:1,1=sim:0,head=sim:0")
     model.move_schedule = {5: ["head=sim:1"]}  # then sim:1 runs block 0 and, after sim:0's block 1, the head
     assert model.generate_ids(PROMPT, N) == baseline
 
 
 def test_a_move_invalidates_the_captured_step(tiny_model, cache_dir):
-    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor
     session = ex.new_session()
     ex.forward(session, PROMPT)
@@ -89,7 +76,7 @@ def test_a_move_invalidates_the_captured_step(tiny_model, cache_dir):
 
 
 def test_sessions_capture_their_own_steps(tiny_model, cache_dir, baseline):
-    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor
     a, b = ex.new_session(), ex.new_session()
     la, lb = ex.forward(a, PROMPT), ex.forward(b, PROMPT[:10])
@@ -104,7 +91,7 @@ def test_sessions_capture_their_own_steps(tiny_model, cache_dir, baseline):
 def test_a_captured_step_moves_its_inputs_and_logits_itself(tiny_model, cache_dir):
     """The host only writes host arrays; the step's first call copies them in and its last copies the
     logits out, so a replay needs nothing else (on CUDA both are graph nodes over pinned memory)."""
-    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor
     session = ex.new_session()
     ex.forward(session, PROMPT)
@@ -120,7 +107,7 @@ def test_a_captured_step_moves_its_inputs_and_logits_itself(tiny_model, cache_di
 
 
 def test_a_segment_fed_from_another_device_does_not_upload_the_hidden_state(tiny_model, cache_dir, baseline):
-    model, _ = _load(tiny_model, cache_dir, placement="0=sim:0,1=sim:1,head=sim:1")
+    model, _ = load_on_simulated(tiny_model, cache_dir, placement="0=sim:0,1=sim:1,head=sim:1")
     ex = model.executor
     session = ex.new_session()
     ex.forward(session, PROMPT)
@@ -134,7 +121,7 @@ def test_a_segment_fed_from_another_device_does_not_upload_the_hidden_state(tiny
 def test_a_pool_grown_by_another_session_recaptures_the_step(tiny_model, cache_dir, baseline):
     """Steps within a session's pages replay without rebuilding their signature; pages handed out to any
     session (here another one, whose prefill grows the shared pool) make the next step check it again."""
-    model, (sim0, _) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor
     a = ex.new_session()
     logits, tokens = ex.forward(a, PROMPT), []
@@ -152,7 +139,7 @@ def test_a_pool_grown_by_another_session_recaptures_the_step(tiny_model, cache_d
 
 
 def test_segments_are_found_again_after_a_move(tiny_model, cache_dir):
-    model, _ = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, _ = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
     ex = model.executor
     session = ex.new_session()
     ex.forward(session, PROMPT)
@@ -169,7 +156,7 @@ def test_greedy_steps_end_with_the_heads_own_pick(tiny_model, cache_dir):
     """Where the head's program can pick the greedy token (GPU heads; here a stand-in that writes the
     device tensor as the kernel does), a greedy step ends with the pick and brings back the token alone:
     its own captured graph, the logits never downloaded, the tokens those of picking from the logits."""
-    model, (_, sim1) = _load(tiny_model, cache_dir, placement="*=sim:0,head=sim:1")
+    model, (_, sim1) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:1")
     ex = model.executor
     reference, session = ex.new_session(), ex.new_session()
     expected = [int(np.argmax(ex.forward(reference, PROMPT)))]

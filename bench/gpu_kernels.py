@@ -51,10 +51,10 @@ def build(out: Path, parts: set[str]) -> None:
     import tvm
     from tvm.s_tir import dlight as dl
 
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
     from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
     from jitllm.lowering.kernels_gpu import attention_kernel, linear_kernel
     from jitllm.lowering.kernels_gpu_attention_mma import mma_attention_kernel
-    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
     from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel
     from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
     from jitllm.random_model import preset_layout
@@ -119,7 +119,7 @@ def build(out: Path, parts: set[str]) -> None:
 def random_weights(wtype: str, n: int, k: int, rng) -> tuple[list[np.ndarray], np.ndarray]:
     """The kernel's weight arguments (jitllm's layout parts of a random [n, k] matrix, quantized by gguf's
     reference quantizers as `jitllm convert` does) and the float64 matrix they dequantize to."""
-    from jitllm.quant import dequantize, parts_from_float
+    from jitllm.core.quant import dequantize, parts_from_float
 
     parts = parts_from_float(wtype, rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
     return list(parts.values()), dequantize(wtype, parts).astype(np.float64)

@@ -7,7 +7,7 @@ from typing import NoReturn
 
 import click
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 
 
 def fail(message: str) -> NoReturn:

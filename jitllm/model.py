@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jitllm.errors import DeviceFault, JitllmError
-from jitllm.jlm import JlmFile
+from jitllm.core.errors import DeviceFault, JitllmError
+from jitllm.core.jlm import JlmFile
 from jitllm.runtime.devices.base import Device
 from jitllm.runtime.devices.buffer_pool import pool_from_env
 from jitllm.runtime.devices.host import HOST, host_device

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from jitllm.errors import JitllmError
-from jitllm.ir.config import ModelConfig
+from jitllm.core.errors import JitllmError
+from jitllm.core.jlm import write_jlm
+from jitllm.core.quant import parts_from_float
 from jitllm.ir.blocks import block_kind, block_linear_specs, check_block_types
-from jitllm.jlm import write_jlm
-from jitllm.quant import parts_from_float
+from jitllm.ir.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("llama", 2, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True),

@@ -14,7 +14,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 
 CONTROL, USER_DEFINED = 3, 4  # GGUF tokenizer.ggml.token_type values
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from jitllm.core.layouts import weight_parts
+from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind
-from jitllm.ir.layouts import weight_parts
 from jitllm.ir.llama import weight_inputs
-from jitllm.quant import dequantize, parts_from_float
 
 
 def random_weights(kind: BlockKind, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -16,9 +16,9 @@ from test_tokenizer import tiny_tokenizer_metadata
 from jitllm.commands.convert import convert as convert_command
 from jitllm.convert import convert
 from jitllm.convert.hf_source import permute_rows
-from jitllm.errors import JitllmError
-from jitllm.jlm import JlmFile
-from jitllm.quant import dequantize
+from jitllm.core.errors import JitllmError
+from jitllm.core.jlm import JlmFile
+from jitllm.core.quant import dequantize
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BLOCKS = 64, 4, 2, 16, 96, 264, 2
 LINEARS = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
@@ -404,13 +404,13 @@ def test_default_gguf_download_failure_is_one_line(tmp_path, monkeypatch):
 
 
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
-    from jitllm.default_model import cache_dir
+    from jitllm.core.paths import home_dir
 
     monkeypatch.delenv("JITLLM_HOME", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cache_dir() == tmp_path / "jitllm"
+    assert home_dir() == tmp_path / "jitllm"
     monkeypatch.setenv("JITLLM_HOME", str(tmp_path / "j"))
-    assert cache_dir() == tmp_path / "j"
+    assert home_dir() == tmp_path / "j"
 
 
 @pytest.mark.slow

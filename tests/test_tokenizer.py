@@ -7,7 +7,7 @@ import json
 import pytest
 import tokenizers
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.tokenizer import CONTROL, StreamDecoder, Tokenizer, stop_token_ids, tokenizer_json_from_gguf
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
@@ -126,8 +126,8 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 @pytest.fixture(scope="module")
 def real_tokenizer() -> Tokenizer:
+    from jitllm.core.jlm import JlmFile
     from jitllm.default_model import default_model_path
-    from jitllm.jlm import JlmFile
 
     try:
         return Tokenizer.from_header(JlmFile(default_model_path()).header)

@@ -24,8 +24,8 @@ from jitllm.commands.common import opt
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
                     cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
+    from jitllm.core.jlm import JlmFile
     from jitllm.ir.llama import kind_for_target
-    from jitllm.jlm import JlmFile
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets import get_target
     from jitllm.runtime.model_layout import ModelLayout

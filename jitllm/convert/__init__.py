@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
+from jitllm.core.jlm import write_jlm
+from jitllm.core.layouts import check_linear_shape
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.layouts import check_linear_shape
 from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
-from jitllm.jlm import write_jlm
 
 from .gguf_source import GgufSource
 from .hf_source import HfSource

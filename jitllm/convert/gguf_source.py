@@ -14,9 +14,9 @@ import gguf
 import numpy as np
 import tokenizers
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
+from jitllm.core.quant import parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig
-from jitllm.quant import parts_from_float, parts_from_ggml
 from jitllm.tokenizer import stop_token_ids, tokenizer_json_from_gguf
 
 ARCHITECTURES = ("llama", "mistral")

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
+from jitllm.core.quant import parts_from_float
 from jitllm.ir.config import ModelConfig
-from jitllm.quant import parts_from_float
 from jitllm.tokenizer import stop_token_ids
 
 # config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch

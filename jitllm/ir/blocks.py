@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.ir.config import BlockKind, ModelConfig
 from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, gla_linear_shapes
 from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes, llama_block_kind

@@ -4,14 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-ROW_GROUP = 8
-"""Output rows interleaved in every weight layout (see docs/model-format.md): kernels vectorise over them."""
-
-QUANT_BLOCK = 32
-"""GGML quantization block length along the input dimension (Q4_0, Q4_1, Q8_0)."""
-
-WEIGHT_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
-
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -11,11 +11,20 @@ from dataclasses import replace
 import onnx
 from onnx import helper
 
+from jitllm.core.layouts import weight_parts
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
-from jitllm.ir.layouts import weight_parts
-from jitllm.ir.ops import (LINEAR_ADD, NORM_LINEAR, PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD,
-                           functions_for, linear_op, rms_norm)
+from jitllm.ir.ops import (
+    LINEAR_ADD,
+    NORM_LINEAR,
+    PAGED_ATTENTION,
+    ROTARY_ATTENTION,
+    ROTARY_QKV,
+    SWIGLU_LINEAR_ADD,
+    functions_for,
+    linear_op,
+    rms_norm,
+)
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}

@@ -5,7 +5,7 @@ the very graph we compile. The TVM lowering never uses the bodies: it replaces e
 hand-written TIR kernel (jitllm/lowering/kernels_*.py) that reads the quantized weights and the paged
 KV pool directly.
 
-- `Linear_<wtype>(x[.., K], *parts) -> y[.., N]`: y = x @ W.T, W dequantized from the layout in layouts.py.
+- `Linear_<wtype>(x[.., K], *parts) -> y[.., N]`: y = x @ W.T, W dequantized from the layout in core/layouts.py.
 - `PagedAttention(q[B,S,H,D], k[B,S,Hkv,D], v, pages[NP,2,Hkv,P,D], page_table[B,MP] i32, past[B] i32)`:
   causal attention of the S new tokens over the `past` positions held in the pages listed by the page
   table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
@@ -217,7 +217,7 @@ def gated_recurrence_function() -> onnx.FunctionProto:
 
 def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
     """The model-local functions that a graph's jitllm-domain nodes call, one per op type."""
-    from jitllm.ir.layouts import weight_parts
+    from jitllm.core.layouts import weight_parts
 
     others = {PAGED_ATTENTION: paged_attention_function, GATED_RECURRENCE: gated_recurrence_function,
               ROTARY_QKV: rotary_qkv_function, ROTARY_ATTENTION: rotary_attention_function}

@@ -21,16 +21,14 @@ from pathlib import Path
 import tvm
 
 import jitllm
-from jitllm.errors import JitllmError
+from jitllm.core.atomic import atomic_path, atomic_write
+from jitllm.core.errors import JitllmError
+from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.config import BlockKind
 from jitllm.ir.llama import build_block_graph
 
 SCHEMA = 1
 POLICIES = ("on", "off", "redo", "readonly")
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("JITLLM_CACHE_DIR") or "cache")
 
 
 def cache_policy() -> str:
@@ -99,28 +97,18 @@ def _build(kind: BlockKind, target, dest: Path) -> None:
             f"(runtime-only); run `jitllm compile -target {target.name}{_family_flag(target)} MODEL` where TVM is "
             "complete") from None
     executable = target.build(to_relax(kind, build_block_graph(kind), target))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".so", dir=dest.parent)
-    os.close(fd)
-    try:
-        executable.export_library(tmp)
-        digest = _file_digest(Path(tmp))
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    side_fd, side_tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".json", dir=dest.parent)
-    with os.fdopen(side_fd, "w") as f:
-        json.dump({"sha256": digest, "kind": kind.kind, "target": target.cache_key()}, f)
-    os.replace(side_tmp, dest.with_suffix(".json"))
+    with atomic_path(dest, ".so") as tmp:
+        executable.export_library(str(tmp))
+        digest = _file_digest(tmp)
+    with atomic_write(dest.with_suffix(".json"), ".json") as f:
+        f.write(json.dumps({"sha256": digest, "kind": kind.kind, "target": target.cache_key()}).encode())
 
 
 def get_artifact(kind: BlockKind, target, cache_dir: Path | None = None, policy: str | None = None,
                  log=None) -> Artifact:
     """The artifact of `kind` for `target`, compiled now if the cache lacks it (reported through `log`)."""
     policy = policy or cache_policy()
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
     key = artifact_key(kind, target)
     path = root / target.name / f"{kind.kind}-{key}.so"
     if policy == "off":

@@ -11,7 +11,6 @@ import re
 
 import tvm
 
-
 KERNELS = ("exact", "fast")
 
 
@@ -29,11 +28,11 @@ class CudaTarget:
         float-weight decode matvecs are the same in both)."""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if match is None:
-            from jitllm.errors import JitllmError
+            from jitllm.core.errors import JitllmError
 
             raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90 or sm_90a)")
         if kernels not in KERNELS:
-            from jitllm.errors import JitllmError
+            from jitllm.core.errors import JitllmError
 
             raise JitllmError(f"unknown GPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
         self.arch, self.kernels = arch, kernels
@@ -93,8 +92,13 @@ class CudaTarget:
         added as it stores, or, where its tiling splits K, by the kernel that adds the splits' sums
         (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
         from jitllm.ir.ops import LINEAR_ADD, SWIGLU_LINEAR_ADD
-        from jitllm.lowering.kernels_gpu_gemm import (PrefillGemm, gemm_kernel, operand_kernel, splitk_sum_kernel,
-                                                      tiling_for)
+        from jitllm.lowering.kernels_gpu_gemm import (
+            PrefillGemm,
+            gemm_kernel,
+            operand_kernel,
+            splitk_sum_kernel,
+            tiling_for,
+        )
 
         if self.kernels != "fast" or self.compute_capability < 80:
             return None

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import tvm
 
-from jitllm.errors import JitllmError
+from jitllm.core.atomic import atomic_path
+from jitllm.core.errors import JitllmError
+from jitllm.core.paths import home_dir
 
 _STUB_SOURCE = r"""
 #define STUB(name) int name() { return 100; /* CUDA_ERROR_NO_DEVICE */ }
@@ -55,20 +57,15 @@ def ensure_cuda_runtime(allow_stub: bool) -> bool:
 
 
 def _stub_path() -> Path:
-    from jitllm.default_model import cache_dir
-
-    path = cache_dir() / "cuda-stub" / "libcuda.so.1"
+    path = home_dir() / "cuda-stub" / "libcuda.so.1"
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    with tempfile.TemporaryDirectory() as tmp, atomic_path(path) as out:
         src = Path(tmp) / "stub.c"
         src.write_text(_STUB_SOURCE)
-        out = Path(tmp) / "libcuda.so.1"
         try:
             subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(src)],
                            check=True, capture_output=True)
         except (OSError, subprocess.CalledProcessError) as e:
             raise JitllmError(f"cannot build the libcuda stub needed to compile CUDA without a driver: {e}") from None
-        os.replace(out, path)
     return path

@@ -18,8 +18,8 @@ import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP, BlockKind
-from jitllm.ir.layouts import weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.ir.config import BlockKind
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two
@@ -70,7 +70,7 @@ def dependent_launch(func: tvm.tirx.PrimFunc, dependent: bool) -> tvm.tirx.PrimF
 
 def absent_weight_params(wtype: str) -> set[str]:
     """The weight parameters (q, d, mn: quants or float weights, scales, minimums) a kernel written for
-    every format drops for `wtype`: those beyond its parts in jitllm.ir.layouts.weight_parts."""
+    every format drops for `wtype`: those beyond its parts in jitllm.core.layouts.weight_parts."""
     return set(("d", "mn")[len(weight_parts(wtype, ROW_GROUP, QUANT_BLOCK)) - 1:])
 
 
@@ -339,8 +339,8 @@ def rotary_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 
 def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx.PrimFunc]:
     """ids [1, n] (int32) -> x [1, n, hidden] (f32): the rows of a [vocab, hidden] table in the row-group
-    layout (jitllm.ir.layouts.weight_parts; parameters ids, the parts, x), dequantized as
-    jitllm.quant.dequantize_rows does on the host."""
+    layout (jitllm.core.layouts.weight_parts; parameters ids, the parts, x), dequantized as
+    jitllm.core.quant.dequantize_rows does on the host."""
     parts = weight_parts(wtype, vocab, hidden)
     (_, qshape, qdtype), NB = parts[0], hidden // QUANT_BLOCK
     G, K, NT_E = vocab // R, hidden, 128

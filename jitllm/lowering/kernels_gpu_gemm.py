@@ -25,8 +25,7 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
-from jitllm.ir.layouts import weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.ir.ops import NORM_LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_mma import WMMA_FORMATS, load_w, store_w

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, shfl_xor, without_params
 

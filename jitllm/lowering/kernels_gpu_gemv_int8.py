@@ -1,6 +1,6 @@
 """Decode matvecs over GGML-quantized weights with int8 activations (the CUDA "fast" kernel family).
 
-llama.cpp's MMVQ trick on jitllm's row-interleaved layouts (ir/layouts.py): the activation row is
+llama.cpp's MMVQ trick on jitllm's row-interleaved layouts (core/layouts.py): the activation row is
 quantized per 32-block to int8 (scale d_x = max|x|/127, round half to even, as the CPU fast kernels
 do), and each block's dot product is an exact integer sum of `__dp4a` (four byte products per
 instruction) straight on the stored bytes, scaled once by d_w * d_x. The exact kernels
@@ -26,10 +26,15 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
-from jitllm.lowering.kernels_gpu import (absent_weight_params, await_previous_kernel, dependent_launch, shfl_xor,
-                                         without_params)
+from jitllm.lowering.kernels_gpu import (
+    absent_weight_params,
+    await_previous_kernel,
+    dependent_launch,
+    shfl_xor,
+    without_params,
+)
 from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
 
 R = ROW_GROUP

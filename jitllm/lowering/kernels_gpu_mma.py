@@ -26,8 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
-from jitllm.ir.layouts import weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
 from jitllm.lowering.kernels_gpu_gemv import Fold

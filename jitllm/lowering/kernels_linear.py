@@ -1,4 +1,4 @@
-"""CPU TIR kernels for y = x @ W.T reading W in the row-interleaved layouts of ir/layouts.py.
+"""CPU TIR kernels for y = x @ W.T reading W in the row-interleaved layouts of core/layouts.py.
 
 One output row group (R = 8 rows) is the unit of work: R accumulators live in one vector register and
 the weights stay quantized. x is [M, K] (or [M, K/32, 32]) with symbolic M, so one kernel serves
@@ -29,7 +29,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")

@@ -176,7 +176,7 @@ class LlvmTarget:
     pp128 639.6 -> 664.5 t/s. A block then keeps one layout on the host and on CUDA."""
 
     def __init__(self, kernels: str = "exact", isa: str | None = None, threads: int | None = None):
-        from jitllm.errors import JitllmError
+        from jitllm.core.errors import JitllmError
 
         if kernels not in KERNELS:
             raise JitllmError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")

@@ -23,13 +23,24 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from jitllm.ir.config import ROW_GROUP, WEIGHT_TYPES, BlockKind
-from jitllm.errors import JitllmError
-from jitllm.ir.ops import (EXTRA_INPUTS, GATED_RECURRENCE, LINEAR, LINEAR_ADD, LINEAR_FAMILIES, NORM_LINEAR,
-                           PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV, SWIGLU_LINEAR_ADD, linear_op)
+from jitllm.core.errors import JitllmError
+from jitllm.core.layouts import ROW_GROUP, WEIGHT_TYPES
+from jitllm.ir.config import BlockKind
+from jitllm.ir.ops import (
+    EXTRA_INPUTS,
+    GATED_RECURRENCE,
+    LINEAR,
+    LINEAR_ADD,
+    LINEAR_FAMILIES,
+    NORM_LINEAR,
+    PAGED_ATTENTION,
+    ROTARY_ATTENTION,
+    ROTARY_QKV,
+    SWIGLU_LINEAR_ADD,
+    linear_op,
+)
 from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION
 from jitllm.lowering.kernels_pages import page_kernels
-
 
 _PATCH_LOCK = threading.Lock()
 

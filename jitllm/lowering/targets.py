@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.lowering.llvm import LlvmTarget
 
 

@@ -9,11 +9,11 @@ Sizes are binary: K, M, G, T (with or without `iB`/`B`, any case) are powers of 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from collections.abc import Callable
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.inventory import BACKENDS, GpuDevice, Inventory
 
 MIB = 1 << 20

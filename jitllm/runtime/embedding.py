@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from jitllm.quant import dequantize_rows
+from jitllm.core.quant import dequantize_rows
 
 VALUES_PER_THREAD = 1 << 18
 """Less work than this per thread is not worth a thread: the threads hand the GIL to each other between

@@ -17,10 +17,10 @@ from typing import Callable, Iterator
 import numpy as np
 import tvm
 
-from jitllm.errors import DeviceFault, JitllmError
+from jitllm.core.errors import DeviceFault, JitllmError
+from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
 from jitllm.ir.llama import kind_for_target
-from jitllm.jlm import JlmFile
 from jitllm.lowering.cache import get_artifact
 from jitllm.runtime.devices.base import Device, last_positions, to_device
 from jitllm.runtime.devices.host import HOST as HOST_NAME
@@ -31,8 +31,16 @@ from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.program import Program, load_program
 from jitllm.runtime.recurrent import RecurrentState, release_states
-from jitllm.runtime.step_graphs import (GraphRecord, Segment, StepFence, StepInputs, capture_segment, segment_objects,
-                                        segments, signature)
+from jitllm.runtime.step_graphs import (
+    GraphRecord,
+    Segment,
+    StepFence,
+    StepInputs,
+    capture_segment,
+    segment_objects,
+    segments,
+    signature,
+)
 
 
 @dataclass

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.devices.base import Device
-
 
 TABLE_ROOM = 64
 """Page ids a table's tensor holds at first (1024 positions at 16 per page)."""

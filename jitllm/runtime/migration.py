@@ -170,7 +170,7 @@ def move_units(model, spec: str) -> list[MoveReport]:
     Checked before anything moves: the selector and target parse, blocks exist, the target is a device
     the model knows, no block is pinned, and the destination budgets hold what arrives. A failure
     during the moves (allocation, compile) moves back what this call already moved."""
-    from jitllm.errors import JitllmError
+    from jitllm.core.errors import JitllmError
     from jitllm.runtime.placement import parse_placement
 
     placement = parse_placement(spec)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from jitllm.errors import JitllmError
-from jitllm.ir.config import ModelConfig
+from jitllm.core.errors import JitllmError
+from jitllm.core.jlm import JlmFile
 from jitllm.ir.blocks import block_kind
+from jitllm.ir.config import ModelConfig
 from jitllm.ir.llama import FUSED_LINEARS, BlockKind, head_kind, weight_inputs
-from jitllm.jlm import JlmFile
 
 HEAD = "head"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 
 HOST = "host"
 

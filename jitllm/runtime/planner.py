@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import DeviceChoice, format_bytes
 from jitllm.runtime.placement import HOST, Placement, PlacementEntry
 

@@ -10,7 +10,7 @@ from typing import Callable
 import tvm
 import tvm.runtime.vm  # not imported by `import tvm` in a runtime-only install
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION, EXPORT_PAGES, IMPORT_PAGES
 
 

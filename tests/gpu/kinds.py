@@ -4,7 +4,8 @@ GPU machine."""
 
 from __future__ import annotations
 
-from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
+from jitllm.core.layouts import WEIGHT_TYPES
+from jitllm.ir.config import ModelConfig
 from jitllm.ir.llama import BLOCK_LINEARS, head_kind, kind_for_target, llama_block_kind
 from jitllm.lowering.cuda import CudaTarget
 from jitllm.random_model import PRESETS

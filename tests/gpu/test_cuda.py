@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-
-from jitllm.ir.llama import activation_inputs, weight_inputs
 from kinds import gpu_test_kinds
 from reference import block_forward, head_forward, paged_inputs, random_weights
+
+from jitllm.ir.llama import activation_inputs, weight_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -34,8 +34,8 @@ TOL = 5e-5
                          ids=lambda k: f"{k.kind}-{k.linears[0].wtype}{'-decode' if k.decode else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
     from jitllm.lowering.cache import get_artifact
-    from jitllm.runtime.devices.cuda import cuda_arch
     from jitllm.lowering.cuda import CudaTarget
+    from jitllm.runtime.devices.cuda import cuda_arch
     from jitllm.runtime.program import load_program
 
     dev = tvm.cuda(0)
@@ -52,7 +52,7 @@ def test_block_kind_on_cuda(kind, cache_dir):
         assert np.abs(out - head_forward(kind, weights, x)).max() < TOL
         assert (program.embed is None) == kind.decode  # the general head gathers embedding rows too
         if program.embed is not None:  # rows of its weight (a tied head's = the embedding table), as the host
-            from jitllm.quant import dequantize_rows
+            from jitllm.core.quant import dequantize_rows
 
             names = [n for n, _, _ in weight_inputs(kind)][1:]
             ids = np.array([[0, 7, 8, kind.config.vocab - 1, kind.config.vocab // 2 + 3, 7]], np.int32)

@@ -8,14 +8,22 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tvm
+from reference import block_forward, head_forward, paged_inputs, random_weights
 
-from jitllm.ir.config import WEIGHT_TYPES, ModelConfig
-from jitllm.ir.llama import (BLOCK_LINEARS, activation_inputs, build_block_graph, fused_kind, head_kind,
-                             llama_block_kind, weight_inputs)
+from jitllm.core.layouts import WEIGHT_TYPES
+from jitllm.ir.config import ModelConfig
+from jitllm.ir.llama import (
+    BLOCK_LINEARS,
+    activation_inputs,
+    build_block_graph,
+    fused_kind,
+    head_kind,
+    llama_block_kind,
+    weight_inputs,
+)
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.llvm import LlvmTarget
 from jitllm.runtime.program import load_program
-from reference import block_forward, head_forward, paged_inputs, random_weights
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 SHAPES = [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (3, 1, [1, 40, 15])]

@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tvm
+from reference import gla_block_forward, random_weights
 
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, state_shape
@@ -14,7 +15,6 @@ from jitllm.ir.llama import activation_inputs, build_block_graph, weight_inputs
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.llvm import LlvmTarget
 from jitllm.runtime.program import load_program
-from reference import gla_block_forward, random_weights
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 SHAPES = [(1, 1), (2, 5), (3, 40)]  # (batch, tokens); the last runs the kernel's parallel path
@@ -71,7 +71,7 @@ def test_prefill_then_decode_equals_one_pass(cache_dir):
 
 
 def test_a_target_without_the_recurrence_kernel_refuses_clearly():
-    from jitllm.errors import JitllmError
+    from jitllm.core.errors import JitllmError
     from jitllm.lowering.cuda import CudaTarget
     from jitllm.lowering.onnx_import import to_relax
 
@@ -83,7 +83,7 @@ def test_a_target_without_the_recurrence_kernel_refuses_clearly():
 def test_unknown_or_miscounted_block_types_are_one_line_errors(tmp_path):
     from dataclasses import replace
 
-    from jitllm.errors import JitllmError
+    from jitllm.core.errors import JitllmError
     from jitllm.random_model import PRESETS, write_random_model
 
     hybrid = PRESETS["tiny-hybrid"]

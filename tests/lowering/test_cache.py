@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.llama import head_kind
 from jitllm.lowering.cache import artifact_key, cache_policy, get_artifact

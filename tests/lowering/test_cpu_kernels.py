@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import tvm
 
+from jitllm.core.layouts import weight_parts
+from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind, ModelConfig
-from jitllm.ir.layouts import weight_parts
 from jitllm.lowering.llvm import LlvmTarget, host_isa
-from jitllm.quant import dequantize, parts_from_float
 
 AVX2 = host_isa() == "avx2"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.lowering.cuda import CudaTarget
 
 

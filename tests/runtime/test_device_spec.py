@@ -1,9 +1,10 @@
 """The -devices grammar and budgets, against hand-built inventories."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import (
     MIB,
     default_budget,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tvm
 
-from jitllm.quant import dequantize_rows, parts_from_float
+from jitllm.core.quant import dequantize_rows, parts_from_float
 from jitllm.runtime.devices.base import last_positions
 from jitllm.runtime.embedding import VALUES_PER_THREAD, TokenEmbedding
 

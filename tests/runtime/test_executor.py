@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.model import load
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.ir.llama import BLOCK_LINEARS
 from jitllm.model import load
 from jitllm.runtime.devices.host import simulated_device

@@ -1,9 +1,10 @@
 """Placement maps: syntax, errors, validation against a model and -devices."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
 
 EXAMPLE = "0=host,1-7=cuda:0,8=host!,9-15=vulkan:1~,head=vulkan:1"

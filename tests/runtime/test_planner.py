@@ -1,9 +1,10 @@
 """The planner against described inventories (no hardware, no tensors: block sizes in bytes)."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import MIB, DeviceChoice, host_budget, parse_devices
 from jitllm.runtime.inventory import CpuInfo, GpuDevice, Inventory
 from jitllm.runtime.placement import parse_placement

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jitllm.errors import DeviceFault, JitllmError
-from jitllm.jlm import JlmFile
+from jitllm.core.errors import DeviceFault, JitllmError
+from jitllm.core.jlm import JlmFile
 from jitllm.model import load
 from jitllm.runtime.devices.host import simulated_device
 from jitllm.runtime.model_layout import ModelLayout

@@ -14,11 +14,11 @@ import pytest
 import tvm
 import tvm_ffi
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.model import load
+from jitllm.runtime import packed_weights
 from jitllm.runtime.devices.buffer_pool import KEEP_BYTES, BufferPool, pool_from_env
 from jitllm.runtime.devices.host import simulated_device
-from jitllm.runtime import packed_weights
 from jitllm.runtime.packed_weights import PackedWeights
 from jitllm.runtime.step_graphs import ReplayRecorder
 

@@ -8,7 +8,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import tvm
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.devices.buffer_pool import BufferPool
 
 T = TypeVar("T")

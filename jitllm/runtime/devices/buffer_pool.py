@@ -37,7 +37,7 @@ KEEP_BYTES = 1 << 30
 
 def pool_from_env() -> "BufferPool | None":
     """A pool bounded by `JITLLM_DEVICE_POOL` (a size: 512M, 2G; unset: KEEP_BYTES), or None where it is 0."""
-    from jitllm.errors import JitllmError
+    from jitllm.core.errors import JitllmError
     from jitllm.runtime.device_spec import parse_size
 
     text = os.environ.get("JITLLM_DEVICE_POOL", "").strip()

@@ -7,7 +7,7 @@ import os
 
 import tvm
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.lowering.cuda import CudaTarget
 from jitllm.runtime.devices import cuda_driver
 from jitllm.runtime.devices.base import Device

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 
-from jitllm.errors import DeviceFault
+from jitllm.core.errors import DeviceFault
 
 _lib: ctypes.CDLL | None = None
 

@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from jitllm.errors import DeviceFault
+from jitllm.core.errors import DeviceFault
 from jitllm.runtime.devices import cuda_driver
 
 KEEP_BYTES = 1 << 30

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jitllm.errors import JitllmError
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import DeviceChoice
 from jitllm.runtime.devices.base import Device
 

@@ -1,11 +1,10 @@
-"""Weights between GGML block formats, plain arrays and jitllm's row-interleaved part layouts (ir/layouts.py)."""
+"""Weights between GGML block formats, plain arrays and jitllm's row-interleaved part layouts (core/layouts.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
-from jitllm.ir.layouts import weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 
 # GGML block layouts: (bytes per 32-block, byte offset of the quants, number of f16 scale fields)
 _GGML_BLOCKS = {"q8_0": (34, 2, 1), "q4_0": (18, 2, 1), "q4_1": (20, 4, 2)}

@@ -10,7 +10,13 @@ A q4 byte j of a 32-block holds element j in its low nibble and element j+16 in 
 
 from __future__ import annotations
 
-from jitllm.ir.config import QUANT_BLOCK, ROW_GROUP
+ROW_GROUP = 8
+"""Output rows interleaved in every weight layout (see docs/model-format.md): kernels vectorise over them."""
+
+QUANT_BLOCK = 32
+"""GGML quantization block length along the input dimension (Q4_0, Q4_1, Q8_0)."""
+
+WEIGHT_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
 
 
 def weight_parts(wtype: str, n: int, k: int) -> list[tuple[str, tuple[int, ...], str]]:

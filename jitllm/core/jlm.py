@@ -18,14 +18,14 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
 import numpy as np
 
-from jitllm.errors import JitllmError
+from jitllm.core.atomic import atomic_write
+from jitllm.core.errors import JitllmError
 
 MAGIC = b"JITLLM\x00\x01"
 VERSION = 1
@@ -90,12 +90,7 @@ def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, 
             break
         offsets = new
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise JitllmError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path) as f:
             f.write(_PREAMBLE.pack(MAGIC, VERSION, 0, len(blob)))
             f.write(blob)
             for (rname, items), offset in zip(layout, offsets):
@@ -103,13 +98,8 @@ def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, 
                 if progress is not None:
                     progress(rname)
             f.truncate(offsets[-1] + region_sizes[-1][1] if offsets else f.tell())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    except OSError as e:
+        raise JitllmError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _write_region(f: BinaryIO, offset: int, items: list[tuple[int, np.ndarray]]) -> None:

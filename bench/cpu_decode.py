@@ -64,7 +64,7 @@ def run_jitllm(args) -> dict:
         # tvm_ffi imports torch whenever it is installed (+~200 MiB RSS); jitllm never uses it
         sys.modules["torch"] = None
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.llvm import configure_threads
+    from jitllm.lowering.targets.llvm import configure_threads
 
     configure_threads(args.threads)
     import jitllm.model as jm
@@ -135,7 +135,7 @@ def run_llama(args) -> dict:
 def run_bandwidth(args) -> dict:
     """Read bandwidth of a TVM parallel sum over 1 GiB with the TVM thread pool."""
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.llvm import LlvmTarget, configure_threads
+    from jitllm.lowering.targets.llvm import LlvmTarget, configure_threads
 
     configure_threads(args.threads)
     import tvm
@@ -226,7 +226,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     from jitllm.default_model import default_gguf_path, default_model_path
-    from jitllm.lowering.llvm import host_target_dict
+    from jitllm.lowering.targets.llvm import host_target_dict
 
     args.threads = args.threads or len(os.sched_getaffinity(0))
     if args.gguf is None:

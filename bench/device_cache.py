@@ -27,9 +27,9 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     blocks start on the host)."""
     from kinds import gpu_test_kinds
 
-    from jitllm.ir.llama import kind_for_target
-    from jitllm.lowering.cuda import CudaTarget
-    from jitllm.lowering.llvm import LlvmTarget
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets.cuda import CudaTarget
+    from jitllm.lowering.targets.llvm import LlvmTarget
     from jitllm.random_model import preset_layout
 
     cuda, fast, host = CudaTarget("sm_90"), CudaTarget("sm_90", "fast"), LlvmTarget("exact")

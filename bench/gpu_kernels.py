@@ -52,11 +52,11 @@ def build(out: Path, parts: set[str]) -> None:
     from tvm.s_tir import dlight as dl
 
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
-    from jitllm.lowering.kernels_gpu import attention_kernel, linear_kernel
-    from jitllm.lowering.kernels_gpu_attention_mma import mma_attention_kernel
-    from jitllm.lowering.kernels_gpu_gemm import gemm_kernel, operand_kernel
-    from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
+    from jitllm.lowering.kernels.cuda.attention_mma import mma_attention_kernel
+    from jitllm.lowering.kernels.cuda.basic import attention_kernel, linear_kernel
+    from jitllm.lowering.kernels.cuda.gemm import gemm_kernel, operand_kernel
+    from jitllm.lowering.kernels.cuda.mma import mma_linear_kernel
+    from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
     from jitllm.random_model import preset_layout
 
     ensure_cuda_runtime(allow_stub=True)
@@ -93,8 +93,8 @@ def build(out: Path, parts: set[str]) -> None:
                 symbol, funcs[symbol] = operand_kernel(family, k, EPS)
                 manifest["operands"].append({"symbol": symbol, "family": family, "k": k})
         compile_to("operands", funcs)
-    from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
-    from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
+    from jitllm.lowering.kernels.cuda.gemv import gemv_kernel
+    from jitllm.lowering.kernels.cuda.gemv_int8 import groups_per_block, int8_gemv_kernel
 
     for preset, shapes in MATVECS.items() if "matvecs" in parts else ():
         for n, k, family in shapes:
@@ -241,7 +241,7 @@ def run_operands(folder: Path, manifest: dict, dev, up, rng) -> None:
 def run(folder: Path) -> None:
     import tvm
 
-    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+    from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
 
     ensure_cuda_runtime(allow_stub=False)
     dev = tvm.cuda(0)

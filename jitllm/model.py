@@ -167,7 +167,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
     devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
     (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations); `gpu_kernels` the same
-    for the GPUs' decode matvecs over quantized weights (jitllm.lowering.cuda.CudaTarget). `relocate`: when a
+    for the GPUs' decode matvecs over quantized weights (jitllm.lowering.targets.cuda.CudaTarget). `relocate`: when a
     device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
     start on the host and move one block per generated token to where the plan puts it. `tune_seam`:
     time a few seams while generating and keep the fastest (see runtime/seam_tuning.py)."""

@@ -102,3 +102,28 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path, source, expected):
     probe.parent.mkdir(parents=True)
     probe.write_text(source)
     assert imported_modules(probe, tmp_path / "jitllm") == expected
+
+
+def test_targets_are_asked_not_probed():
+    """A target's abilities are read from its declared caps: no hasattr/getattr on a target and no test of
+    its name outside its own file (lowering/targets/)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "targets":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
+                    and node.args and "target" in ast.unparse(node.args[0])):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Attribute) and side.attr == "name" and "target" in ast.unparse(side.value)
+                    for side in (node.left, *node.comparators)):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_the_compile_verb_lists_every_registered_target():
+    from jitllm.commands.compile import TARGET_NAMES
+    from jitllm.lowering.targets import TARGETS
+
+    assert TARGET_NAMES == tuple(TARGETS)

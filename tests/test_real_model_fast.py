@@ -26,7 +26,7 @@ PROMPTS = [("The capital of France is", False), ("Why is the sky blue?", True),
 
 @pytest.fixture(scope="module")
 def fast_model(smollm2_jlm, cache_dir):
-    from jitllm.lowering.llvm import host_isa
+    from jitllm.lowering.targets.llvm import host_isa
     from jitllm.model import load
 
     if host_isa() != "avx2":

@@ -8,13 +8,16 @@ import click
 
 from jitllm.commands.common import opt
 
+TARGET_NAMES = ("llvm", "cuda")
+"""jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
+
 
 @click.command(name="compile")
 @click.argument("model", metavar="MODEL", required=False)
 @opt("preset", default=None, help="compile a random-weight shape instead of a model file (e.g. llama-3.2-3b)")
 @opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
      help="weight type of -preset")
-@opt("target", "target_name", type=click.Choice(["llvm", "cuda"]), default="llvm", show_default=True)
+@opt("target", "target_name", type=click.Choice(TARGET_NAMES), default="llvm", show_default=True)
 @opt("arch", default=None, help="GPU architecture for cuda (default sm_90)")
 @opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
      help="llvm kernel family, as `run -cpu-kernels` picks")
@@ -25,9 +28,9 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
                     cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache."""
     from jitllm.core.jlm import JlmFile
-    from jitllm.ir.llama import kind_for_target
     from jitllm.lowering.cache import get_artifact
-    from jitllm.lowering.targets import get_target
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets import TARGETS, get_target
     from jitllm.runtime.model_layout import ModelLayout
 
     if (model is None) == (preset is None):
@@ -38,9 +41,10 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
         layout = preset_layout(preset, wtype)
     else:
         layout = ModelLayout.from_file(JlmFile(model))
-    target = get_target(target_name, arch, cpu_kernels if target_name == "llvm" else gpu_kernels)
+    family = {"cpu-kernels": cpu_kernels, "gpu-kernels": gpu_kernels}.get(TARGETS[target_name].caps.kernels_flag, "fast")
+    target = get_target(target_name, arch, family)
     kinds = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))
-    if getattr(target, "decode_variants", False):
+    if target.caps.decode_variants:
         kinds += [k.decode_variant() for k in kinds]
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
     built = cached = 0

@@ -68,6 +68,11 @@ class BlockKind:
     """The graph's norms, SwiGLU, residual adds and rotary embedding are folded ops (jitllm.ir.ops) at
     every row count, not only in decode variants: for targets with folded prefill kernels."""
 
+    @property
+    def fused(self) -> bool:
+        """Q/K/V (and gate/up) stacked into one linear each (jitllm.ir.llama.fused_kind)."""
+        return any(spec.name == "attn_qkv" for spec in self.linears)
+
     def linear(self, name: str) -> LinearSpec:
         for spec in self.linears:
             if spec.name == name:

@@ -141,18 +141,6 @@ def _ffn(g: GraphBuilder, x2: str, c: ModelConfig, gate_spec: LinearSpec, up_spe
     return g.op("Add", x2, _linear(g, act, down_spec))
 
 
-def kind_for_target(kind: BlockKind, target) -> BlockKind:
-    """The kind as `target` compiles it: Q/K/V and gate/up stacked where the target prefers fewer,
-    larger linears (`fuse_linears`), and then the prefill graph's small ops folded into the linears and
-    the rotary op where it has kernels for them (`fold_prefill`)."""
-    if not getattr(target, "fuse_linears", False):
-        return kind
-    fused = fused_kind(kind)
-    if getattr(target, "fold_prefill", False) and fused.kind == "llama" and len(fused.linears) == 4:
-        return replace(fused, folded=True)
-    return fused
-
-
 def fused_kind(kind: BlockKind) -> BlockKind:
     """The llama kind with Q/K/V and gate/up stacked into one linear each, where their weight types
     match (else the kind itself). Weights are stacked when loaded (see ModelLayout.weight_sources)."""

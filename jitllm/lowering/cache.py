@@ -26,6 +26,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.config import BlockKind
 from jitllm.ir.llama import build_block_graph
+from jitllm.lowering.target import ARTIFACT_SUFFIXES, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1
 POLICIES = ("on", "off", "redo", "readonly")
@@ -38,25 +39,33 @@ def cache_policy() -> str:
     return policy
 
 
-COMMON_SOURCES = ("__init__.py", "onnx_import.py", "kernels_pages.py")
+FORMAT_SOURCES = {SHARED_LIBRARY: ("__init__.py", "onnx_import.py"), ONNX_FILE: ()}
+"""What every artifact of a format is generated from, beside its target's own sources."""
 
 
 @lru_cache(maxsize=None)
 def _sources_digest(names: tuple[str, ...]) -> str:
-    """Digest of the lowering sources a target's artifacts are generated from (its own kernels plus the
-    shared import), so editing one target's kernels does not invalidate another target's artifacts."""
+    """Digest of the lowering sources (files, and every .py file of folders) a target's artifacts are
+    generated from (its own kernels plus its format's shared import), so editing one target's kernels
+    does not invalidate another target's artifacts."""
+    root = Path(__file__).parent
+    files = set()
+    for name in names:
+        path = root / name
+        files |= set(path.rglob("*.py")) if path.is_dir() else {path}
     h = hashlib.sha256()
-    for name in sorted(set(COMMON_SOURCES + names)):
-        h.update(name.encode())
-        h.update((Path(__file__).parent / name).read_bytes())
+    for path in sorted(files):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
-def artifact_key(kind: BlockKind, target) -> str:
+def artifact_key(kind: BlockKind, target: Target) -> str:
     h = hashlib.sha256()
     h.update(build_block_graph(kind).SerializeToString())
+    sources = tuple(target.sources) + FORMAT_SOURCES[target.caps.artifact]
     meta = {"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
-            "lowering": _sources_digest(tuple(target.sources)), "schema": SCHEMA}
+            "lowering": _sources_digest(sources), "schema": SCHEMA}
     h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()[:24]
 
@@ -82,13 +91,13 @@ def _valid(path: Path) -> bool:
         return False
 
 
-def _family_flag(target) -> str:
+def _family_flag(target: Target) -> str:
     """The compile flag naming the target's kernel family where it is not compile's default."""
-    kernels = getattr(target, "kernels", "fast")
-    return "" if kernels == "fast" else f" -{'cpu' if target.name == 'llvm' else 'gpu'}-kernels {kernels}"
+    flag = target.caps.kernels_flag
+    return "" if flag is None or target.kernels == "fast" else f" -{flag} {target.kernels}"
 
 
-def _build(kind: BlockKind, target, dest: Path) -> None:
+def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
     try:
         from jitllm.lowering.onnx_import import to_relax
     except Exception:  # ImportError, or TVM failing half-way through importing relax without its compiler
@@ -97,20 +106,33 @@ def _build(kind: BlockKind, target, dest: Path) -> None:
             f"(runtime-only); run `jitllm compile -target {target.name}{_family_flag(target)} MODEL` where TVM is "
             "complete") from None
     executable = target.build(to_relax(kind, build_block_graph(kind), target))
-    with atomic_path(dest, ".so") as tmp:
-        executable.export_library(str(tmp))
+    executable.export_library(str(dest))
+
+
+def _write_onnx(kind: BlockKind, target: Target, dest: Path) -> None:
+    dest.write_bytes(build_block_graph(kind).SerializeToString())
+
+
+WRITERS = {SHARED_LIBRARY: _write_shared_library, ONNX_FILE: _write_onnx}
+"""Artifact format -> how an artifact of it is written (to a temporary path, renamed into place after)."""
+
+
+def _build(kind: BlockKind, target: Target, dest: Path) -> None:
+    suffix = ARTIFACT_SUFFIXES[target.caps.artifact]
+    with atomic_path(dest, suffix) as tmp:
+        WRITERS[target.caps.artifact](kind, target, tmp)
         digest = _file_digest(tmp)
     with atomic_write(dest.with_suffix(".json"), ".json") as f:
         f.write(json.dumps({"sha256": digest, "kind": kind.kind, "target": target.cache_key()}).encode())
 
 
-def get_artifact(kind: BlockKind, target, cache_dir: Path | None = None, policy: str | None = None,
+def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None, policy: str | None = None,
                  log=None) -> Artifact:
     """The artifact of `kind` for `target`, compiled now if the cache lacks it (reported through `log`)."""
     policy = policy or cache_policy()
     root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
     key = artifact_key(kind, target)
-    path = root / target.name / f"{kind.kind}-{key}.so"
+    path = root / target.name / f"{kind.kind}-{key}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
     if policy == "off":
         path = Path(tempfile.mkdtemp(prefix="jitllm-nocache-")) / path.name
     elif policy in ("on", "readonly") and path.exists():

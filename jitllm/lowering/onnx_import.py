@@ -2,7 +2,7 @@
 
 TVM's ONNX importer knows nothing of jitllm's functions; for the duration of one import we extend its
 converter table so each `Linear_<wtype>` / `PagedAttention` call becomes a `call_tir` of a kernel from
-kernels_linear.py / kernels_attention.py (the ONNX function bodies are only the reference semantics).
+kernels/cpu/linear.py / kernels/cpu/attention.py (the ONNX function bodies are only the reference semantics).
 The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`,
 `RotaryPagedAttention`) become one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`,
 `split_attention_kernel`) and their parts elsewhere.
@@ -40,7 +40,6 @@ from jitllm.ir.ops import (
     linear_op,
 )
 from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION
-from jitllm.lowering.kernels_pages import page_kernels
 
 _PATCH_LOCK = threading.Lock()
 
@@ -106,9 +105,8 @@ def _prefill_linear(bb, target, family: str, wtype: str, x: relax.Expr, extras: 
     k = kx // 2 if family == SWIGLU_LINEAR_ADD else kx
     if isinstance(m, int):
         return None
-    gemm_calls = target.prefill_gemm_kernels(family, wtype, n, k, eps) if hasattr(target, "prefill_gemm_kernels") else None
-    one = None if gemm_calls or not hasattr(target, "prefill_linear_kernel") else \
-        target.prefill_linear_kernel(family, wtype, n, k, eps)
+    gemm_calls = target.prefill_gemm_kernels(family, wtype, n, k, eps)
+    one = None if gemm_calls else target.prefill_linear_kernel(family, wtype, n, k, eps)
     if not (gemm_calls or one):
         return None
     x2 = bb.emit(relax.op.reshape(x, [m, kx]))
@@ -142,10 +140,10 @@ def _linear_converter(family: str, wtype: str, target):
         lead, m = _rows(x)
         k = int(x.ty.shape.values[-1]) // (2 if family == SWIGLU_LINEAR_ADD else 1)
         n = int(parts[0].ty.shape.values[0]) * ROW_GROUP
-        if family != LINEAR and m == 1 and hasattr(target, "folded_linear_kernel"):
-            symbol, func = target.folded_linear_kernel(family, wtype, n, k, eps)
+        folded = target.folded_linear_kernel(family, wtype, n, k, eps) if family != LINEAR and m == 1 else None
+        if folded is not None:
             args = [x, extras[0], *parts] if family == NORM_LINEAR else [x, *parts, *extras]
-            return relax.op.reshape(_call_kernel(bb, symbol, func, args), [*lead, n])
+            return relax.op.reshape(_call_kernel(bb, *folded, args), [*lead, n])
         if family != LINEAR and (y := _prefill_linear(bb, target, family, wtype, x, extras, parts, n, eps)) is not None:
             return y
         if family == NORM_LINEAR:
@@ -173,10 +171,11 @@ def _rotary(kind: BlockKind, target):
     def rotary(bb, inputs, attr, params):
         qkv, cos, sin, _split = [bb.normalize(i) for i in inputs]
         lead, m = _rows(qkv)
-        if hasattr(target, "rotary_kernel"):  # any number of rows, as [M, ...] tensors
+        kernel = target.rotary_kernel(kind)
+        if kernel is not None:  # any number of rows, as [M, ...] tensors
             flat = [bb.emit(relax.op.reshape(a, [m, int(a.ty.shape.values[-1])])) for a in (qkv, cos, sin)]
             outs = [relax.TensorType([m, count, D], "float32") for count in (H, HKV, HKV)]
-            qkv_out = bb.emit(relax.call_tir(_add_kernel(bb, *target.rotary_kernel(kind)), flat, outs))
+            qkv_out = bb.emit(relax.call_tir(_add_kernel(bb, *kernel), flat, outs))
             return relax.Tuple([bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(qkv_out, i)), [*lead, count, D]))
                                 for i, count in enumerate((H, HKV, HKV))])
         heads = bb.emit(relax.op.reshape(qkv, [*lead, H + 2 * HKV, D // 2, 2]))
@@ -202,11 +201,15 @@ def _rotary(kind: BlockKind, target):
     return rotary
 
 
-def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list) -> list:
+def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list) -> list | None:
     """The target's split decode attention (one kernel: its chunks merged by the last block of each KV
-    head, counted in on counters kept as a constant of the module): [out] or, with `rotary`, [out, k, v]."""
+    head, counted in on counters kept as a constant of the module): [out] or, with `rotary`, [out, k, v];
+    None where the target has none."""
     c = kind.config
-    symbol, func = target.split_attention_kernel(kind, rotary)
+    split = target.split_attention_kernel(kind, rotary)
+    if split is None:
+        return None
+    symbol, func = split
     counters = relax.const(target.attention_counters(kind))
     outs = [relax.TensorType(target.attention_workspace_shape(kind), "float32"),
             relax.TensorType([1, 1, c.heads, c.head_dim], "float32")]
@@ -219,8 +222,9 @@ def _split_attention(bb, kind: BlockKind, target, rotary: bool, inputs: list) ->
 def _attention(kind: BlockKind, target):
     def paged_attention(bb, inputs, attr, params):
         inputs = [bb.normalize(i) for i in inputs]
-        if kind.decode and hasattr(target, "split_attention_kernel"):
-            return _split_attention(bb, kind, target, False, inputs)[0]
+        split = _split_attention(bb, kind, target, False, inputs) if kind.decode else None
+        if split is not None:
+            return split[0]
         symbol, func = target.attention_kernel(kind)
         gv = _add_kernel(bb, symbol, func)
         return relax.call_tir(gv, inputs, inputs[0].ty)
@@ -235,8 +239,9 @@ def _rotary_attention(kind: BlockKind, target):
 
     def rotary_attention(bb, inputs, attr, params):
         qkv, cos, sin, split, pages, pt, past = [bb.normalize(i) for i in inputs]
-        if hasattr(target, "split_attention_kernel"):
-            return relax.Tuple(_split_attention(bb, kind, target, True, [qkv, cos, sin, pages, pt, past]))
+        fused = _split_attention(bb, kind, target, True, [qkv, cos, sin, pages, pt, past])
+        if fused is not None:
+            return relax.Tuple(fused)
         q, k, v = rotary(bb, [qkv, cos, sin, split], attr, params).fields
         return relax.Tuple([bb.emit(attention(bb, [q, k, v, pages, pt, past], attr, params)), k, v])
 
@@ -273,7 +278,7 @@ def _custom_ops(kind: BlockKind, target):
 
 def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     """Import the block graph; `main` takes (activations..., weights...) in graph-input order."""
-    if kind.kind == "gla" and not hasattr(target, "recurrence_kernel"):
+    if kind.kind == "gla" and target.recurrence_kernel(kind) is None:
         raise JitllmError(f"target {target.name} has no kernel for gla blocks yet (hybrid models run on llvm)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
@@ -283,13 +288,12 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     if kind.kind == "llama":
         _, func = target.append_kernel(kind)
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
-        for name, func in page_kernels(kind, gpu=target.name != "llvm").items():
+        for name, func in target.page_kernels(kind).items():
             mod[name] = func
-    if kind.kind == "head" and not kind.decode and hasattr(target, "embedding_kernel"):
-        spec = kind.linears[0]
-        _, func = target.embedding_kernel(spec.wtype, spec.out_features, spec.in_features)
-        mod[EMBED_FUNCTION] = func.with_attr("global_symbol", EMBED_FUNCTION)
-    if kind.kind == "head" and kind.decode and hasattr(target, "argmax_kernel"):
-        _, func = target.argmax_kernel(kind.linears[0].out_features)
-        mod[ARGMAX_FUNCTION] = func.with_attr("global_symbol", ARGMAX_FUNCTION)
+    spec = kind.linears[0]
+    helper = None if kind.kind != "head" else (target.argmax_kernel(spec.out_features) if kind.decode else
+                                               target.embedding_kernel(spec.wtype, spec.out_features, spec.in_features))
+    if helper is not None:
+        name = ARGMAX_FUNCTION if kind.decode else EMBED_FUNCTION
+        mod[name] = helper[1].with_attr("global_symbol", name)
     return mod

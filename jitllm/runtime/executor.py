@@ -20,8 +20,8 @@ import tvm
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
-from jitllm.ir.llama import kind_for_target
 from jitllm.lowering.cache import get_artifact
+from jitllm.lowering.target import kind_for_target
 from jitllm.runtime.devices.base import Device, last_positions, to_device
 from jitllm.runtime.devices.host import HOST as HOST_NAME
 from jitllm.runtime.dlpack import aliases
@@ -148,14 +148,14 @@ class Executor:
         key = (kind, device.name)
         if key not in self._programs:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
-            main_appends = kind.decode and getattr(device.target, "decode_appends_kv", False)
+            main_appends = kind.decode and device.target.caps.decode_appends_kv
             page_kernels = kind.kind == "llama" and not main_appends
             self._programs[key] = load_program(artifact.path, device.tvm_device, page_kernels)
         return self._programs[key]
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
         """The general program and, where the target compiles one, the decode variant."""
-        decode = self.program(kind.decode_variant(), device) if getattr(device.target, "decode_variants", False) else None
+        decode = self.program(kind.decode_variant(), device) if device.target.caps.decode_variants else None
         return self.program(kind, device), decode
 
     def placed(self, index: int | str, device: Device) -> tuple[BlockKind, Program, Program | None]:

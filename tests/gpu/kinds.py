@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, head_kind, kind_for_target, llama_block_kind
-from jitllm.lowering.cuda import CudaTarget
+from jitllm.ir.llama import BLOCK_LINEARS, head_kind, llama_block_kind
+from jitllm.lowering.target import kind_for_target
+from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.random_model import PRESETS
 
 TEST_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)

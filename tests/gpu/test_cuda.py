@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def _cuda_available() -> bool:
     try:
-        from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+        from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
 
         ensure_cuda_runtime(allow_stub=False)
         return tvm.cuda(0).exist
@@ -34,7 +34,7 @@ TOL = 5e-5
                          ids=lambda k: f"{k.kind}-{k.linears[0].wtype}{'-decode' if k.decode else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
     from jitllm.lowering.cache import get_artifact
-    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.runtime.devices.cuda import cuda_arch
     from jitllm.runtime.program import load_program
 
@@ -96,7 +96,7 @@ def test_fast_kinds_on_cuda(kind, cache_dir):
     same inputs: close, but not the same numbers (the fast path ran). Prefill runs two tiles of queries
     over a history and a batch of two sequences with different histories."""
     from jitllm.lowering.cache import get_artifact
-    from jitllm.lowering.cuda import CudaTarget
+    from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.runtime.devices.cuda import cuda_arch
     from jitllm.runtime.program import load_program
 

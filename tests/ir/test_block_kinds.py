@@ -22,7 +22,7 @@ from jitllm.ir.llama import (
     weight_inputs,
 )
 from jitllm.lowering.cache import get_artifact
-from jitllm.lowering.llvm import LlvmTarget
+from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.program import load_program
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)

@@ -13,7 +13,7 @@ from jitllm.ir.config import ModelConfig
 from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, state_shape
 from jitllm.ir.llama import activation_inputs, build_block_graph, weight_inputs
 from jitllm.lowering.cache import get_artifact
-from jitllm.lowering.llvm import LlvmTarget
+from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.program import load_program
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
@@ -72,8 +72,8 @@ def test_prefill_then_decode_equals_one_pass(cache_dir):
 
 def test_a_target_without_the_recurrence_kernel_refuses_clearly():
     from jitllm.core.errors import JitllmError
-    from jitllm.lowering.cuda import CudaTarget
     from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.targets.cuda import CudaTarget
 
     kind = gla_block_kind(CFG, {n: "f16" for n in GLA_LINEARS})
     with pytest.raises(JitllmError, match="target cuda has no kernel for gla blocks"):

@@ -8,7 +8,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.llama import head_kind
 from jitllm.lowering.cache import artifact_key, cache_policy, get_artifact
-from jitllm.lowering.llvm import LlvmTarget
+from jitllm.lowering.targets.llvm import LlvmTarget
 
 CFG = ModelConfig("llama", 1, 64, 4, 2, 16, 128, 64, 64, 10000.0, 1e-5)
 KIND = head_kind(CFG, "q8_0")
@@ -57,8 +57,8 @@ def test_bad_policy(monkeypatch):
 
 def test_missing_artifact_error_names_the_compile_flags_of_the_kernel_family():
     from jitllm.lowering.cache import _family_flag
-    from jitllm.lowering.cuda import CudaTarget
-    from jitllm.lowering.llvm import LlvmTarget
+    from jitllm.lowering.targets.cuda import CudaTarget
+    from jitllm.lowering.targets.llvm import LlvmTarget
 
     assert _family_flag(LlvmTarget("fast")) == "" and _family_flag(CudaTarget("sm_90", "fast")) == ""
     assert _family_flag(LlvmTarget("exact")) == " -cpu-kernels exact"

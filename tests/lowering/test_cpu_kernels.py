@@ -1,4 +1,4 @@
-"""CPU kernels (jitllm/lowering/kernels_linear.py, kernels_attention.py) against numpy.
+"""CPU kernels (jitllm/kernels/cpu/linear.py, kernels/cpu/attention.py) against numpy.
 
 Tolerances, relative to the largest |output|:
 - exact kernels (f32 activations, exactly dequantized weights): 1e-5 against x @ W.T in float64;
@@ -17,7 +17,7 @@ import tvm
 from jitllm.core.layouts import weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind, ModelConfig
-from jitllm.lowering.llvm import LlvmTarget, host_isa
+from jitllm.lowering.targets.llvm import LlvmTarget, host_isa
 
 AVX2 = host_isa() == "avx2"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
@@ -51,7 +51,7 @@ def _run_linear(lib, symbol, wtype, n, k, parts, x):
 def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool, threads=(None,)):
     """`threads`: also build the kernels for these thread-pool sizes (None: the target's own), since the
     fast decode path splits rows per thread."""
-    from jitllm.lowering.kernels_linear import linear_kernel
+    from jitllm.lowering.kernels.cpu.linear import linear_kernel
 
     rng = np.random.default_rng(0)
     funcs, cases = {}, []
@@ -138,7 +138,7 @@ def _attention_reference(q, k, v, pages, pt, past, groups):
 @pytest.mark.parametrize("batch,seq,pasts", [(1, 1, [0]), (1, 1, [37]), (2, 1, [15, 100]), (1, 7, [20]),
                                              (2, 40, [0, 33])])
 def test_paged_attention_matches_numpy(batch, seq, pasts):
-    from jitllm.lowering.kernels_attention import _attention_serial, attention_kernel
+    from jitllm.lowering.kernels.cpu.attention import _attention_serial, attention_kernel
 
     cfg = ModelConfig("llama", 1, 576, 9, 3, 64, 1536, 100, 8192, 1e5, 1e-5)
     kind = BlockKind("llama", cfg, (), 16)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jitllm.core.errors import JitllmError
-from jitllm.lowering.cuda import CudaTarget
+from jitllm.lowering.targets.cuda import CudaTarget
 
 
 def test_prefill_linears_take_tensor_cores_where_the_shape_and_arch_allow():
@@ -62,9 +62,10 @@ def test_narrow_prefill_gemms_split_k_and_a_kernel_adds_the_splits():
     """Outputs narrower than 8192 take 128 x 128 tiles with K split: over 4 where K >= 8192 (any weight
     type), over 2 for f16 weights; the GEMM then stores [splits, M, N] and takes no residual, and the sum
     kernel adds the splits and the residual. The imported block calls the three kernels in turn."""
-    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, kind_for_target, llama_block_kind
+    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, llama_block_kind
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
     from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.target import kind_for_target
     from jitllm.random_model import PRESETS
 
     fast = CudaTarget("sm_90", "fast")
@@ -100,7 +101,7 @@ def test_gpu_heads_carry_an_embedding_gather_and_the_greedy_pick():
     assert EMBED_FUNCTION in names(head)
     assert EMBED_FUNCTION not in names(head.decode_variant())  # decode steps take their row from the host
     assert ARGMAX_FUNCTION in names(head.decode_variant()) and ARGMAX_FUNCTION not in names(head)
-    from jitllm.lowering.llvm import LlvmTarget
+    from jitllm.lowering.targets.llvm import LlvmTarget
 
     llvm_names = {gv.name_hint for gv in to_relax(head, build_block_graph(head), LlvmTarget()).get_global_vars()}
     assert EMBED_FUNCTION not in llvm_names and ARGMAX_FUNCTION not in llvm_names
@@ -116,8 +117,9 @@ def test_fused_decode_steps_rotate_inside_the_split_attention():
     workspace; the prefill kind and an unfused decode variant keep the rotary kernel or ops and the plain
     split kernel. Neither decode variant has a merge kernel: the chunks' last block merges, counted in on
     the module's constant counters (zeros, one per KV head)."""
-    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, fused_kind, kind_for_target, llama_block_kind
+    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, fused_kind, llama_block_kind
     from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.target import kind_for_target
     from jitllm.random_model import PRESETS
 
     cuda = CudaTarget("sm_90", "fast")
@@ -201,7 +203,7 @@ def test_fast_family_takes_tensor_core_prefill_attention_where_the_head_dim_fits
 
 
 def test_int8_matvec_shares_the_quantized_input_over_row_groups():
-    from jitllm.lowering.kernels_gpu_gemv_int8 import groups_per_block, int8_gemv_kernel
+    from jitllm.lowering.kernels.cuda.gemv_int8 import groups_per_block, int8_gemv_kernel
 
     assert [groups_per_block(g) for g in (2048, 640, 384, 72, 16032)] == [4, 2, 1, 1, 4]
     symbol, func = int8_gemv_kernel("q4_1", 16384, 3072)
@@ -225,7 +227,7 @@ def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step
     output), and the split attention its first tile of history after letting the next kernel launch.
     Older arches launch them as before: no wait, no launch tag."""
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR
-    from jitllm.lowering.kernels_gpu import DEPENDENT_LAUNCH
+    from jitllm.lowering.kernels.cuda.basic import DEPENDENT_LAUNCH
     from jitllm.random_model import preset_layout
 
     kind = preset_layout("tiny", "f16").block_kinds[0].decode_variant()

@@ -187,11 +187,13 @@ def test_moves_between_fused_and_separate_layouts_keep_the_output(tiny_model, ca
     """The host stacks Q/K/V and gate/up (as CUDA does); a device whose target keeps them separate gets
     its weights laid out at load and move time; moving to and from it re-lays them out and keeps the
     tokens."""
-    from jitllm.lowering.llvm import LlvmTarget
+    from dataclasses import replace
+
+    from jitllm.lowering.targets.llvm import LlvmTarget
 
     separate = simulated_device("sim:s")
     separate.target = LlvmTarget()
-    separate.target.fuse_linears = False
+    separate.target.caps = replace(LlvmTarget.caps, fuse_linears=False)
     model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[separate])
     model.move_schedule = {2: ["0=sim:s"], 5: ["1=sim:s,head=sim:s"], 9: ["0=host"], 14: ["*=sim:s"], 19: ["*=host"]}
     ex = model.executor

@@ -8,7 +8,7 @@ import os
 import tvm
 
 from jitllm.core.errors import JitllmError
-from jitllm.lowering.cuda import CudaTarget
+from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.runtime.devices import cuda_driver
 from jitllm.runtime.devices.base import Device
 from jitllm.runtime.devices.buffer_pool import pool_from_env
@@ -21,8 +21,8 @@ def cuda_arch(ordinal: int) -> str:
 
 
 def cuda_device(choice, kernels: str = "fast") -> Device:
-    """`kernels`: the CUDA kernel family (jitllm.lowering.cuda.CudaTarget)."""
-    from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+    """`kernels`: the CUDA kernel family (jitllm.lowering.targets.cuda.CudaTarget)."""
+    from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
 
     ensure_cuda_runtime(allow_stub=False)
     ordinal = choice.device.ordinal

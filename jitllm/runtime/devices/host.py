@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tvm
 
-from jitllm.lowering.llvm import LlvmTarget
+from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.devices.base import Device
 
 HOST = "host"
@@ -12,7 +12,7 @@ HOST = "host"
 
 def host_device(kernels: str = "exact") -> Device:
     """The host CPU; `kernels` is the CPU kernel family ("exact" f32 activations, "fast" int8 activations,
-    see jitllm/lowering/llvm.py)."""
+    see jitllm/lowering/targets/llvm.py)."""
     return Device(HOST, LlvmTarget(kernels), tvm.cpu(0))
 
 

@@ -82,10 +82,10 @@ def without_params(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFu
 
 
 def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
-    """One activation row (`rows` == 1, decode) takes the hand-scheduled GEMV of kernels_gpu_gemv.py;
+    """One activation row (`rows` == 1, decode) takes the hand-scheduled GEMV of kernels/cuda/gemv.py;
     otherwise an unscheduled compute definition for dlight's matmul rules."""
     if rows == 1:
-        from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
+        from jitllm.lowering.kernels.cuda.gemv import gemv_kernel
 
         return gemv_kernel(wtype, n, k)
     symbol = f"jl_gpu_linear_{wtype}_{n}x{k}" + (f"_m{rows}" if rows else "")

@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import await_previous_kernel, dependent_launch, shfl_xor, without_params
+from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, shfl_xor, without_params
 
 R = ROW_GROUP
 PREFETCH = 4  # weight columns each thread of a dependent float kernel loads before it waits

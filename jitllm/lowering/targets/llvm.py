@@ -12,8 +12,11 @@ from functools import lru_cache
 
 import tvm
 
+from jitllm.core.errors import JitllmError
+from jitllm.lowering.target import SHARED_LIBRARY, KernelSet, TargetCaps
+
 KERNELS = ("exact", "fast")
-"""CPU kernel families (kernels_linear.py): f32 activations, or int8 activations where the ISA allows."""
+"""CPU kernel families (kernels/cpu/linear.py): f32 activations, or int8 activations where the ISA allows."""
 
 
 @lru_cache(maxsize=1)
@@ -123,7 +126,7 @@ def _legalize_sigmoid(bb, call):
     into a call it cannot vectorise: 10 us per 1536 elements)."""
     from tvm import te
 
-    from jitllm.lowering.kernels_attention import vexp
+    from jitllm.lowering.kernels.cpu.attention import vexp
 
     def compute(x):
         return te.compute(x.shape, lambda *i: tvm.tirx.const(1.0, "float32")
@@ -154,30 +157,26 @@ def configure_threads(threads: int | None = None) -> int:
     return int(os.environ["TVM_NUM_THREADS"])
 
 
-class LlvmTarget:
-    """Host CPU kernels: kernels_linear.py and kernels_attention.py (imported only to compile, since a
-    runtime-only TVM has no TVMScript).
+class LlvmTarget(KernelSet):
+    """Host CPU kernels: kernels/cpu (imported only to compile, since a runtime-only TVM has no TVMScript).
 
     `kernels`: "exact" (f32 activations; the default, and what the transformers comparisons use) or
     "fast" (int8-quantized activations with AVX2 integer dot products for the GGML formats; on hosts
     without AVX2 the quantized formats fall back to the exact kernels). `isa` defaults to the host's.
     `threads`: size of TVM's thread pool (None: all CPUs of the process, unless TVM_NUM_THREADS is set).
+
+    Capabilities: decode steps run a batch-1, seq-1 variant of each kind (static shapes cut the Relax
+    VM's work per block from ~235 to ~150 instructions, ~18 us of ~100 us on the 2-vCPU VM); Q/K/V and
+    gate/up are one matvec each (3 fewer parallel kernel launches per block; on SmolLM2 with 2 threads,
+    medians of 5 alternating runs: tg128 197.8 -> 208.8 t/s, pp128 639.6 -> 664.5 t/s), so a block keeps
+    one layout on the host and on CUDA.
     """
 
     name = "llvm"
-    sources = ("llvm.py", "kernels_linear.py", "kernels_attention.py", "kernels_recurrent.py")
-    decode_variants = True
-    """Decode steps run a batch-1, seq-1 variant of each kind (BlockKind.decode): static shapes cut the
-    Relax VM's work per block from ~235 to ~150 instructions (~18 us of ~100 us on the 2-vCPU VM)."""
-
-    fuse_linears = True
-    """Q/K/V and gate/up as one matvec each (jitllm.ir.llama.fused_kind): 3 fewer parallel kernel launches
-    per block; on SmolLM2 with 2 threads, medians of 5 alternating runs: tg128 197.8 -> 208.8 t/s,
-    pp128 639.6 -> 664.5 t/s. A block then keeps one layout on the host and on CUDA."""
+    caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, decode_variants=True, kernels_flag="cpu-kernels")
+    sources = ("targets/llvm.py", "kernels/cpu")
 
     def __init__(self, kernels: str = "exact", isa: str | None = None, threads: int | None = None):
-        from jitllm.core.errors import JitllmError
-
         if kernels not in KERNELS:
             raise JitllmError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
         if isa not in (None, "generic", host_isa()):
@@ -186,24 +185,34 @@ class LlvmTarget:
         self.isa = isa or host_isa()
         self.threads = configure_threads(threads)
 
+    @classmethod
+    def from_options(cls, arch: str | None, kernels: str) -> "LlvmTarget":
+        """The registry's constructor (`arch` is a GPU notion)."""
+        return cls(kernels)
+
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
         """`rows`: static token count of decode variants; the CPU kernels take any M, so it is unused."""
-        from jitllm.lowering.kernels_linear import linear_kernel
+        from jitllm.lowering.kernels.cpu.linear import linear_kernel
 
         return linear_kernel(wtype, n, k, self.kernels, self.isa, self.threads)
 
     def attention_kernel(self, kind):
-        from jitllm.lowering.kernels_attention import attention_kernel
+        from jitllm.lowering.kernels.cpu.attention import attention_kernel
 
         return attention_kernel(kind)
 
     def append_kernel(self, kind):
-        from jitllm.lowering.kernels_attention import append_kernel
+        from jitllm.lowering.kernels.cpu.attention import append_kernel
 
         return append_kernel(kind)
 
+    def page_kernels(self, kind) -> dict:
+        from jitllm.lowering.kernels.cpu.pages import page_kernels
+
+        return page_kernels(kind)
+
     def recurrence_kernel(self, kind):
-        from jitllm.lowering.kernels_recurrent import recurrence_kernel
+        from jitllm.lowering.kernels.cpu.recurrent import recurrence_kernel
 
         return recurrence_kernel(kind)
 

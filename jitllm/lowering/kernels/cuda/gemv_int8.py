@@ -4,7 +4,7 @@ llama.cpp's MMVQ trick on jitllm's row-interleaved layouts (core/layouts.py): th
 quantized per 32-block to int8 (scale d_x = max|x|/127, round half to even, as the CPU fast kernels
 do), and each block's dot product is an exact integer sum of `__dp4a` (four byte products per
 instruction) straight on the stored bytes, scaled once by d_w * d_x. The exact kernels
-(kernels_gpu_gemv.py) convert every weight to float and spend ~7 float operations on it; these spend
+(kernels/cuda/gemv.py) convert every weight to float and spend ~7 float operations on it; these spend
 ~1.5 integer operations per weight, which lets a Q4 matvec stream its bytes near the copy bandwidth.
 
 Each thread block first quantizes the whole input row into shared memory: 8 lanes per 32-block, 4
@@ -28,14 +28,14 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
 from jitllm.ir.ops import LINEAR
-from jitllm.lowering.kernels_gpu import (
+from jitllm.lowering.kernels.cuda.basic import (
     absent_weight_params,
     await_previous_kernel,
     dependent_launch,
     shfl_xor,
     without_params,
 )
-from jitllm.lowering.kernels_gpu_gemv import Fold, threads_for
+from jitllm.lowering.kernels.cuda.gemv import Fold, threads_for
 
 R = ROW_GROUP
 FORMATS = ("q8_0", "q4_0", "q4_1")

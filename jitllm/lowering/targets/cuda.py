@@ -1,7 +1,7 @@
-"""The CUDA target: kernels from kernels_gpu.py, dlight schedules, nvcc-compiled GPU code keyed by arch.
+"""The CUDA target: kernels from kernels/cuda, dlight schedules, nvcc-compiled GPU code keyed by arch.
 
 Artifacts must hold compiled GPU code, not CUDA source (a runtime-only TVM cannot compile source), so
-the build forces nvcc and, without a driver, runs on a stub libcuda (cuda_runtime.py).
+the build forces nvcc and, without a driver, runs on a stub libcuda (targets/cuda_runtime.py).
 """
 
 from __future__ import annotations
@@ -11,35 +11,49 @@ import re
 
 import tvm
 
+from jitllm.core.errors import JitllmError
+from jitllm.lowering.target import SHARED_LIBRARY, KernelSet, TargetCaps
+
 KERNELS = ("exact", "fast")
 
 
-class CudaTarget:
+class CudaTarget(KernelSet):
+    """Capabilities: Q/K/V and gate/up as one matvec each (every GPU kernel has a fixed cost of a few µs,
+    DESIGN.md §3); decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules), whose `main`
+    writes the step's K and V into the pages itself (the split attention's partial kernel does,
+    kernels/cuda/split_attention.APPENDS_KV: the runtime launches no append after it); prefill kinds take
+    the folded ops as decode variants do (BlockKind.folded): one rotary kernel (rotary_kernel), residual
+    adds inside the tensor-core linears, norms inside them too (exact family, prefill_linear_kernel,
+    SwiGLU one elementwise pass) or in the operand pass before each GEMM, which applies SwiGLU as well
+    (fast family on sm_80 on, prefill_gemm_kernels)."""
+
     name = "cuda"
-    sources = ("cuda.py", "cuda_runtime.py", "kernels_gpu.py", "kernels_gpu_gemv.py", "kernels_gpu_attention.py",
-               "kernels_gpu_mma.py", "kernels_gpu_gemv_int8.py", "kernels_gpu_attention_mma.py", "kernels_gpu_gemm.py")
+    caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, fold_prefill=True, decode_variants=True,
+                      decode_appends_kv=True, kernels_flag="gpu-kernels")
+    sources = ("targets/cuda.py", "targets/cuda_runtime.py", "kernels/cuda")
 
     def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
         """`kernels`: "exact" (f32 activations everywhere; tensor cores through f16 hi + lo halves) or
         "fast" (decode matvecs over GGML-quantized weights quantize the activations to int8 and use
-        dp4a, kernels_gpu_gemv_int8.py; prefill linears multiply f16 operands alone, written once by an
-        operand pass and multiplied by ldmatrix + mma.sync, kernels_gpu_gemm.py (sm_80 on; WMMA in
-        kernels_gpu_mma.py before), and so does the prefill attention, kernels_gpu_attention_mma.py;
+        dp4a, kernels/cuda/gemv_int8.py; prefill linears multiply f16 operands alone, written once by an
+        operand pass and multiplied by ldmatrix + mma.sync, kernels/cuda/gemm.py (sm_80 on; WMMA in
+        kernels/cuda/mma.py before), and so does the prefill attention, kernels/cuda/attention_mma.py;
         float-weight decode matvecs are the same in both)."""
         match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
         if match is None:
-            from jitllm.core.errors import JitllmError
-
             raise JitllmError(f"bad CUDA arch {arch!r} (expected sm_XX, e.g. sm_90 or sm_90a)")
         if kernels not in KERNELS:
-            from jitllm.core.errors import JitllmError
-
             raise JitllmError(f"unknown GPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
         self.arch, self.kernels = arch, kernels
         self.compute_capability = int(match.group(1))
         self.dependent_launch = self.compute_capability >= 90
         """Decode kernels launched dependent (programmatic dependent launch, Hopper on): each may start
-        while the one before it finishes (kernels_gpu.await_previous_kernel)."""
+        while the one before it finishes (kernels/cuda/basic.await_previous_kernel)."""
+
+    @classmethod
+    def from_options(cls, arch: str | None, kernels: str) -> "CudaTarget":
+        """The registry's constructor (sm_90 unless an arch is named)."""
+        return cls(arch or "sm_90", kernels)
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host={"kind": "llvm"})
@@ -47,28 +61,12 @@ class CudaTarget:
     def cache_key(self) -> dict:
         return {"target": {"kind": "cuda", "arch": self.arch}, "host": "llvm", "kernels": self.kernels}
 
-    fuse_linears = True
-    """Q/K/V and gate/up as one matvec each: every GPU kernel has a fixed cost of a few µs (DESIGN.md §3)."""
-
-    decode_variants = True
-    """Decode steps use a batch-1, seq-1 variant of each kind (GEMV schedules); see BlockKind.decode."""
-
-    fold_prefill = True
-    """Prefill kinds take the folded ops as decode variants do (BlockKind.folded): one rotary kernel
-    (rotary_kernel), residual adds inside the tensor-core linears, norms inside them too (exact family,
-    prefill_linear_kernel, SwiGLU one elementwise pass) or in the operand pass before each GEMM, which
-    applies SwiGLU as well (fast family on sm_80 on, prefill_gemm_kernels)."""
-
-    decode_appends_kv = True
-    """A decode variant's `main` writes the step's K and V into the pages itself (the split attention's
-    partial kernel does, kernels_gpu_attention.APPENDS_KV): the runtime launches no append after it."""
-
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
         """Decode matvecs (one row) as `folded_linear_kernel` gives them; prefill (rows unknown) on tensor
         cores where the arch has them (sm_70 on) and the shape fits; the rest as kernels_gpu.linear_kernel
         gives them."""
         from jitllm.ir.ops import LINEAR
-        from jitllm.lowering.kernels_gpu import linear_kernel
+        from jitllm.lowering.kernels.cuda.basic import linear_kernel
 
         if rows == 1:
             return self.folded_linear_kernel(LINEAR, wtype, n, k)
@@ -79,7 +77,7 @@ class CudaTarget:
         """A linear over any number of rows with its norm or residual add folded (jitllm.ir.ops) on
         tensor cores (sm_70 on, shapes and families kernels_gpu_mma takes), else None. The fast family
         runs the wide gate/up projections 128 rows per thread block."""
-        from jitllm.lowering.kernels_gpu_mma import mma_linear_kernel
+        from jitllm.lowering.kernels.cuda.mma import mma_linear_kernel
 
         if self.compute_capability < 70:
             return None
@@ -92,7 +90,7 @@ class CudaTarget:
         added as it stores, or, where its tiling splits K, by the kernel that adds the splits' sums
         (kernels_gpu_gemm); None elsewhere or where the shape does not tile."""
         from jitllm.ir.ops import LINEAR_ADD, SWIGLU_LINEAR_ADD
-        from jitllm.lowering.kernels_gpu_gemm import (
+        from jitllm.lowering.kernels.cuda.gemm import (
             PrefillGemm,
             gemm_kernel,
             operand_kernel,
@@ -112,29 +110,29 @@ class CudaTarget:
     def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
         """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops)."""
         if self._int8_activations(wtype):
-            from jitllm.lowering.kernels_gpu_gemv_int8 import int8_gemv_kernel
+            from jitllm.lowering.kernels.cuda.gemv_int8 import int8_gemv_kernel
 
             return int8_gemv_kernel(wtype, n, k, family, eps, dependent=self.dependent_launch)
-        from jitllm.lowering.kernels_gpu_gemv import gemv_kernel
+        from jitllm.lowering.kernels.cuda.gemv import gemv_kernel
 
         return gemv_kernel(wtype, n, k, family, eps, self.dependent_launch)
 
     def _int8_activations(self, wtype: str) -> bool:
         """dp4a (sm_61 on) over a GGML format, with the fast family."""
-        from jitllm.lowering.kernels_gpu_gemv_int8 import FORMATS
+        from jitllm.lowering.kernels.cuda.gemv_int8 import FORMATS
 
         return self.kernels == "fast" and wtype in FORMATS and self.compute_capability >= 61
 
     def rotary_kernel(self, kind):
-        from jitllm.lowering.kernels_gpu import rotary_kernel
+        from jitllm.lowering.kernels.cuda.basic import rotary_kernel
 
         return rotary_kernel(kind)
 
     def attention_kernel(self, kind):
         """Prefill attention: on tensor cores with f16 operands in the fast family (sm_70 on, head dims
         the fragments tile), the f32 CUDA-core kernel otherwise."""
-        from jitllm.lowering import kernels_gpu_attention_mma as mma
-        from jitllm.lowering.kernels_gpu import attention_kernel
+        from jitllm.lowering.kernels.cuda import attention_mma as mma
+        from jitllm.lowering.kernels.cuda.basic import attention_kernel
 
         if self.kernels == "fast" and self.compute_capability >= 70 and mma.applies(kind):
             return mma.mma_attention_kernel(kind)
@@ -144,40 +142,45 @@ class CudaTarget:
         """Decode variants: attention split over chunks of the history, merged by the last block of each KV
         head; with `rotary`, from the fused projection, rotating q and the new k as they are read
         (RotaryPagedAttention)."""
-        from jitllm.lowering.kernels_gpu_attention import split_attention_kernel
+        from jitllm.lowering.kernels.cuda.split_attention import split_attention_kernel
 
         return split_attention_kernel(kind, rotary, self.dependent_launch)
 
     def attention_workspace_shape(self, kind):
-        from jitllm.lowering.kernels_gpu_attention import workspace_shape
+        from jitllm.lowering.kernels.cuda.split_attention import workspace_shape
 
         return workspace_shape(kind)
 
     def attention_counters(self, kind):
         """The split attention's arrival counters: a constant of the decode module (kernels_gpu_attention)."""
-        from jitllm.lowering.kernels_gpu_attention import arrival_counters
+        from jitllm.lowering.kernels.cuda.split_attention import arrival_counters
 
         return arrival_counters(kind)
 
     def embedding_kernel(self, wtype: str, vocab: int, hidden: int):
         """The head's embedding row gather (lowering.EMBED_FUNCTION), used where the head is tied."""
-        from jitllm.lowering.kernels_gpu import embedding_kernel
+        from jitllm.lowering.kernels.cuda.basic import embedding_kernel
 
         return embedding_kernel(wtype, vocab, hidden)
 
     def argmax_kernel(self, vocab: int):
         """The greedy pick beside the head's decode `main` (lowering.ARGMAX_FUNCTION)."""
-        from jitllm.lowering.kernels_gpu import argmax_kernel
+        from jitllm.lowering.kernels.cuda.basic import argmax_kernel
 
         return argmax_kernel(vocab, self.dependent_launch)
 
     def append_kernel(self, kind):
-        from jitllm.lowering.kernels_gpu import append_kernel
+        from jitllm.lowering.kernels.cuda.basic import append_kernel
 
         return append_kernel(kind)
 
+    def page_kernels(self, kind) -> dict:
+        from jitllm.lowering.kernels.cuda.pages import page_kernels
+
+        return page_kernels(kind)
+
     def build(self, mod: tvm.IRModule):
-        from jitllm.lowering.cuda_runtime import ensure_cuda_runtime
+        from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
 
         ensure_cuda_runtime(allow_stub=True)
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"

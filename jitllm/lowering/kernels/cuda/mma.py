@@ -28,8 +28,8 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels_gpu import absent_weight_params, shfl_xor, without_params
-from jitllm.lowering.kernels_gpu_gemv import Fold
+from jitllm.lowering.kernels.cuda.basic import absent_weight_params, shfl_xor, without_params
+from jitllm.lowering.kernels.cuda.gemv import Fold
 
 R = ROW_GROUP
 BK = QUANT_BLOCK

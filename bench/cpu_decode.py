@@ -68,7 +68,7 @@ def run_jitllm(args) -> dict:
 
     configure_threads(args.threads)
     import jitllm.model as jm
-    from jitllm.runtime.devices import host
+    from jitllm.runtime.backends import host
 
     jm.host_device = lambda *a, **k: host.host_device(args.kernels)
     model = jm.load(args.jlm, devices="cpu", ctx=args.pp + args.tg + 16, cache_dir=args.cache)

@@ -62,7 +62,7 @@ def main() -> None:
 
     kind = ex.kind_on(0, dev).decode_variant() if unit.decode_program is not None else ex.kind_on(0, dev)
     artifact = get_artifact(kind, unit.device.target, args.cache)
-    vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device)
+    vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.backend.tvm_device)
     spent: dict[str, list[float]] = {}
     clock = {}
 
@@ -92,10 +92,10 @@ def main() -> None:
 
     vm.set_instrument(collect)
     vm["main"](*call)
-    from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
+    from jitllm.runtime.backends.cuda_graph import CudaGraphRecorder
 
     reps = 50
-    recorder = CudaGraphRecorder(dev.tvm_device, "profile")
+    recorder = CudaGraphRecorder(dev.backend.tvm_device, "profile")
     print(f"GPU time per kernel ({reps} launches of it captured in one CUDA graph, no host in between):")
     total = 0.0
     for name, func, call_args in kernels:
@@ -116,7 +116,7 @@ def main() -> None:
         call = (x, dev.upload(ex._cos[:n][None]), dev.upload(ex._sin[:n][None]), ex.pools[dev.name].pages,
                 table.tensor(), dev.upload(np.array([0], np.int32)), *unit.weights)
         artifact = get_artifact(ex.kind_on(0, dev), unit.device.target, args.cache)
-        vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.tvm_device)
+        vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.backend.tvm_device)
         spent.clear()
         print(f"prefill of {n} tokens, one block:")
         _per_call(vm, call, instrument, spent)

@@ -28,8 +28,8 @@ def main() -> None:
 
     from jitllm.model import load
     from jitllm.random_model import PRESETS, write_random_model
-    from jitllm.runtime.devices.host import simulated_device
-    from jitllm.runtime.step_graphs import ReplayRecorder
+    from jitllm.runtime.backends.fake import simulated_device
+    from jitllm.runtime.backends.fake import ReplayRecorder
 
     class Stubbed(ReplayRecorder):
         def capture(self, body):

@@ -45,7 +45,7 @@ def plain_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
     """Time to copy `nbytes` as one contiguous tensor from `source` to `dest` (TVM copy from ordinary
     host memory, or into a fresh ordinary allocation)."""
     src = source.upload(np.zeros(nbytes // 4, np.float32))
-    return _median_seconds(lambda: src.copyto(dest.tvm_device), source, dest, reps)
+    return _median_seconds(lambda: src.copyto(dest.backend.tvm_device), source, dest, reps)
 
 
 def locked_copy_seconds(nbytes: int, source, dest, reps: int = 5) -> float:
@@ -78,7 +78,7 @@ def main() -> None:
 
     from jitllm.model import load
     from jitllm.random_model import PRESETS, write_random_model
-    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.backends.fake import simulated_device
     from jitllm.runtime.kv_pages import PageTable
 
     histories = [int(h) for h in args.history.split(",")]

@@ -8,9 +8,9 @@ from typing import Callable, Iterator
 
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
-from jitllm.runtime.devices.base import Device
-from jitllm.runtime.devices.buffer_pool import pool_from_env
-from jitllm.runtime.devices.host import HOST, host_device
+from jitllm.runtime.backends.buffer_pool import pool_from_env
+from jitllm.runtime.backends.host import HOST, host_device
+from jitllm.runtime.device import Device
 from jitllm.runtime.executor import Executor, Session
 from jitllm.runtime.generation import GenerationStats, generate_ids
 from jitllm.runtime.migration import MoveReport, move_unit, move_units
@@ -150,12 +150,6 @@ class Model:
                 self.executor.close_session(session)
 
 
-def _device_for(choice, gpu_kernels: str) -> Device:
-    from jitllm.runtime.devices.registry import make_device
-
-    return make_device(choice, gpu_kernels)
-
-
 def load(path: str | Path, devices: str = "auto", vram: str | None = None,
          placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
          ctx: int | None = None, cache_dir: str | Path | None = None,
@@ -171,6 +165,7 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
     start on the host and move one block per generated token to where the plan puts it. `tune_seam`:
     time a few seams while generating and keep the fastest (see runtime/seam_tuning.py)."""
+    from jitllm.runtime.backends import link_peers, make_device
     from jitllm.runtime.device_spec import parse_devices
     from jitllm.tokenizer import Tokenizer
 
@@ -192,13 +187,15 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
         log(the_plan.describe())
     devs: dict[str, Device] = {HOST: host_device(cpu_kernels)}
     for choice in choices:
-        devs[choice.name] = _device_for(choice, gpu_kernels)
+        devs[choice.name] = make_device(choice, cpu_kernels, gpu_kernels)
     for extra in extra_devices or []:
         devs[extra.name.lower()] = extra
     devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)
     if devs[HOST].allocator is not None:  # page-locked: weights leaving the host are kept for the next to arrive
         devs[HOST].weight_pool = pool_from_env()
-    _link_cards([c for c in choices if c.device.backend == "cuda"], log)
+    linked = link_peers(list(devs.values()))
+    if log and linked is not None:
+        log("peer access: " + (", ".join(f"{a} -> {b}" for a, b in linked) or "none (copies between cards go through the host)"))
     where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
     where[HEAD] = devs[the_plan.head.device]
     grow: list[tuple[int | str, str]] = []
@@ -218,17 +215,6 @@ def load(path: str | Path, devices: str = "auto", vram: str | None = None,
     if tune_seam:
         model.tuner = seam_tuner(the_plan)
     return model
-
-
-def _link_cards(choices: list, log: Callable[[str], None] | None) -> None:
-    """Two or more CUDA cards: direct copies between them (moves and seams), where the driver allows."""
-    if len(choices) < 2:
-        return
-    from jitllm.runtime.devices.cuda import enable_peer_access
-
-    pairs = enable_peer_access([c.device.ordinal for c in choices])
-    if log:
-        log("peer access: " + (", ".join(f"cuda:{a} -> cuda:{b}" for a, b in pairs) or "none (copies between cards go through the host)"))
 
 
 def seam_tuner(the_plan: Plan) -> SeamTuner | None:

@@ -127,3 +127,16 @@ def test_the_compile_verb_lists_every_registered_target():
     from jitllm.lowering.targets import TARGETS
 
     assert TARGET_NAMES == tuple(TARGETS)
+
+
+def test_tvm_tensors_stay_inside_the_backends_that_use_tvm():
+    """The runtime holds tensors as opaque values: only runtime/backends/ imports TVM."""
+    found = []
+    for path in sorted((PACKAGE / "runtime").rglob("*.py")):
+        if path.parent.name == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in ("tvm", "tvm_ffi")]
+    assert found == []

@@ -127,3 +127,16 @@ def test_speed_prints_a_llama_bench_table(tiny_model, cache_dir):
 
 def test_speed_refuses_an_unknown_shape(cache_dir):
     assert_one_line_error(jitllm("speed", "-devices", "cpu", "-preset", "llama-9000", cache=cache_dir), "llama-9000")
+
+
+def test_simulated_devices_from_the_cli_run_like_the_host(tiny_model, cache_dir):
+    """`-devices sim:N` (JITLLM_SIM_DEVICES=1) places blocks on simulated devices running the host's kernel
+    family: the same tokens as the host alone; without the switch, one clear line."""
+    args = ("run", "-n", "8", "-temp", "0", str(tiny_model), "hello")
+    host = jitllm(*args, "-devices", "cpu", cache=cache_dir)
+    env = dict(os.environ, JITLLM_CACHE_DIR=str(cache_dir), JITLLM_SIM_DEVICES="1")
+    sim = subprocess.run([sys.executable, "-m", "jitllm", *args, "-devices", "sim:0,sim:1", "-placement", "0=sim:0,1=sim:1",
+                          "-v"], capture_output=True, text=True, env=env, timeout=600)
+    assert sim.returncode == 0, sim.stderr
+    assert sim.stdout == host.stdout and "sim:1" in sim.stderr
+    assert_one_line_error(jitllm(*args, "-devices", "sim:0", cache=cache_dir), "set JITLLM_SIM_DEVICES=1")

@@ -2,6 +2,9 @@
 
     auto | all | cpu | gpu[:N] | cuda[:ORD] | vulkan[:SEL] | metal     (comma-separated, each =BYTES)
 
+and, for testing, `sim:N` (a simulated device: host memory and kernels behind a device's own budget,
+accepted where JITLLM_SIM_DEVICES=1; jitllm.runtime.backends.fake).
+
 Sizes are binary: K, M, G, T (with or without `iB`/`B`, any case) are powers of 1024, so `3G` and
 `3GiB` are the same 3221225472 bytes; a bare number is bytes; decimals such as `1.5G` are allowed.
 """
@@ -132,6 +135,8 @@ def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -
         return [inventory.gpus[n]]
     if kind in BACKENDS:
         return [_by_backend(kind, sel if colon else None, entry, inventory, timer)]
+    if kind == "sim":
+        return [_simulated(_ordinal(sel, entry) if colon else 0, inventory)]
     raise JitllmError(f"{entry}: unknown device '{spec}' (use {_KINDS})")
 
 
@@ -161,6 +166,13 @@ def _by_backend(backend: str, sel: str | None, entry: str, inventory: Inventory,
         names = ", ".join(f"{v.spec_name} {v.name}" for v in found)
         raise JitllmError(f"{entry}: '{sel}' matches {len(found)} {label}s ({names}); name one by index")
     return found[0]
+
+
+def _simulated(n: int, inventory: Inventory) -> GpuDevice:
+    """Simulated device N: host memory (its default budget draws on the host's, as unified devices' do)."""
+    cpu = inventory.cpu
+    return GpuDevice(index=-1 - n, backend="sim", ordinal=n, name="simulated device (host memory and kernels)",
+                     total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes, unified=True, software=True)
 
 
 def _ordinal(sel: str, entry: str) -> int:
@@ -198,7 +210,7 @@ def _budgeted(picks: list[tuple[str, GpuDevice, int | None]], inventory: Invento
             budget = default_budget(free)
         if device.unified:
             host_left = max(0, host_left - budget)
-        aliases = {device.spec_name, f"gpu:{device.index}"}
+        aliases = {device.spec_name} | ({f"gpu:{device.index}"} if device.index >= 0 else set())
         if spec not in ("auto", "all"):
             aliases.add(spec)
         choices.append(DeviceChoice(device, device.spec_name, budget, explicit, frozenset(aliases)))

@@ -15,21 +15,20 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-import tvm
 
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.target import kind_for_target
-from jitllm.runtime.devices.base import Device, last_positions, to_device
-from jitllm.runtime.devices.host import HOST as HOST_NAME
-from jitllm.runtime.dlpack import aliases
+from jitllm.runtime.backends.base import Tensor
+from jitllm.runtime.backends.host import HOST as HOST_NAME
+from jitllm.runtime.device import Device
 from jitllm.runtime.embedding import TokenEmbedding
 from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.packed_weights import PackedWeights
-from jitllm.runtime.program import Program, load_program
+from jitllm.runtime.program import Program
 from jitllm.runtime.recurrent import RecurrentState, release_states
 from jitllm.runtime.step_graphs import (
     GraphRecord,
@@ -101,7 +100,7 @@ class Pipeline:
     int32, which the next step's graph gathers its embedding row for) and the two slots."""
 
     device: Device
-    token: tvm.runtime.Tensor
+    token: Tensor
     slots: list[PipelineSlot]
 
 
@@ -150,7 +149,7 @@ class Executor:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
             main_appends = kind.decode and device.target.caps.decode_appends_kv
             page_kernels = kind.kind == "llama" and not main_appends
-            self._programs[key] = load_program(artifact.path, device.tvm_device, page_kernels)
+            self._programs[key] = device.load(artifact.path, kind, page_kernels)
         return self._programs[key]
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
@@ -268,21 +267,23 @@ class Executor:
         self._check_context(past + n)
         self._ensure_room(session, past + n)
         self._current_segments()
-        x: tvm.runtime.Tensor | np.ndarray | None = self._device_embedding(ids, self._segments[1][0].device)
+        source = self._segments[1][0].device
+        x: Tensor | np.ndarray | None = self._device_embedding(ids, source)
         if x is None:
             x = self.embed(ids)[None]
         for segment in self._segments[1]:
-            _check_fault(segment.device)
             with _device_faults(segment.device):
                 if n == 1 and self.graphs and segment.device.graphs is not None and segment.capturable:
-                    x = self._replay_segment(session, segment, x, past, pick)
+                    x = self._replay_segment(session, segment, x, source, past, pick)
                 else:
-                    x = self._run_segment(session, segment, x, past, n, pick)
+                    x = self._run_segment(session, segment, x, source, past, n, pick)
+            source = segment.device
         session.length = past + n
         session.tokens += ids
         if isinstance(x, (np.ndarray, int)):  # (what a decode step brought back through host arrays)
             return x
-        return int(x.numpy()[0]) if pick else x.numpy()[0, -1]
+        out = source.download(x)
+        return int(out[0]) if pick else out[0, -1]
 
     def _check_context(self, positions: int) -> None:
         if positions > self.ctx:
@@ -381,7 +382,6 @@ class Executor:
         segment = self._pipelined_segment()
         if segment is None:
             return None
-        _check_fault(segment.device)
         first = segment.blocks[0].index if segment.blocks else HEAD
         key = (session.id, first, "pipelined", index)
         record = self._graphs.get(key)
@@ -394,9 +394,9 @@ class Executor:
             def baked(inputs: StepInputs) -> Callable[[], list]:
                 return lambda: segment_objects(session, segment, inputs) + [pipeline.token]
 
-            slot.inputs.feed(None, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+            slot.inputs.feed(None, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past, segment.device)
             if not ahead:  # (the input before any capture: a recorder may run the step while capturing it)
-                pipeline.token.copyfrom(np.array([[token]], np.int32))
+                segment.device.write(pipeline.token, np.array([[token]], np.int32))
                 # (the other slot too, now that nothing is in flight: so the next step can go ahead)
                 self._still_valid(self._graphs.get((session.id, first, "pipelined", 1 - index)), baked(other.inputs),
                                   other.inputs)
@@ -404,7 +404,7 @@ class Executor:
                     record = self._capture(key, segment, slot.inputs, baked(slot.inputs)(),
                                            lambda call: self._pipelined_units(session, segment, slot.inputs,
                                                                               pipeline, call))
-                    pipeline.token.copyfrom(np.array([[token]], np.int32))  # (a recorder may have run the step)
+                    segment.device.write(pipeline.token, np.array([[token]], np.int32))  # (a recorder may have run it)
             slot.fence = slot.fence or segment.device.graphs.fence()
             record.graph.launch()
             slot.fence.record()
@@ -413,7 +413,7 @@ class Executor:
         return slot
 
     def _pipelined_units(self, session: Session, segment: Segment, step: StepInputs, pipeline: Pipeline,
-                         call: Callable) -> tvm.runtime.Tensor:
+                         call: Callable) -> Tensor:
         """A pipelined step: the embedding row of the token on the device, then the segment's units, ending
         with the pick written back over that token."""
         head = self.head
@@ -425,7 +425,7 @@ class Executor:
         if session.pipeline is None or session.pipeline.device is not device:
             cfg = self.layout.config
             token = device.empty((1, 1), "int32")
-            pick = aliases(token, (((1,), "int32", 0),))[0]  # the pick lands where the next step reads
+            pick = device.aliases(token, (((1,), "int32", 0),))[0]  # the pick lands where the next step reads
             slots = [PipelineSlot(StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, cfg.vocab, pick))
                      for _ in range(2)]
             session.pipeline = Pipeline(device, token, slots)
@@ -441,7 +441,7 @@ class Executor:
         return record.epoch == self._epoch
 
     def _capture(self, key: tuple, segment: Segment, step: StepInputs, objects: list,
-                 run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
+                 run: Callable[[Callable], Tensor]) -> GraphRecord:
         """Capture `run` as the record under `key`, checked at this epoch."""
         record = self._graphs[key] = capture_segment(segment.device.graphs, objects, step, run)
         record.epoch = self._epoch
@@ -451,7 +451,7 @@ class Executor:
                      f"{' + head' if segment.head is not None else ''} on {segment.device.name}")
         return record
 
-    def _device_embedding(self, ids: list[int], device: Device) -> tvm.runtime.Tensor | None:
+    def _device_embedding(self, ids: list[int], device: Device) -> Tensor | None:
         """A prompt's embedding rows gathered on `device` from the tied head's weights there, [1, n, hidden]
         (the host lookup gathers each row with a 16-byte stride and then uploads it: ~10% of a 3B-shape
         512-token prefill on the H200); None for single tokens (decode steps feed captured graphs from
@@ -468,13 +468,15 @@ class Executor:
             embed(device.upload(rows), *head.weights[1:], x)  # (weights[0]: the final norm's)
         return x
 
-    def _run_segment(self, session: Session, segment: Segment, x, past: int, n: int, pick: bool = False):
-        """Call each unit of the segment in turn (prefill, and devices without captured graphs)."""
+    def _run_segment(self, session: Session, segment: Segment, x, source: Device, past: int, n: int,
+                     pick: bool = False):
+        """Call each unit of the segment in turn (prefill, and devices without captured graphs); `x` comes
+        from the host (an array) or from `source`."""
         dev = segment.device
         if n == 1:
-            step = self._step_inputs(session, segment, x, past)
+            step = self._step_inputs(session, segment, x, source, past)
             return step.output(segment, self._run_units(session, segment, step, 1, pick=pick), pick)
-        h = dev.upload(x) if isinstance(x, np.ndarray) else to_device(x, dev)
+        h = dev.upload(x) if isinstance(x, np.ndarray) else dev.receive(x, source)
         step = StepInputs(h, dev.upload(self._cos[past:past + n][None]), dev.upload(self._sin[past:past + n][None]),
                           dev.upload(np.array([past], np.int32)))
         return self._run_units(session, segment, step, n, pick=pick)
@@ -501,7 +503,7 @@ class Executor:
         if segment.head is None:
             return h
         if n > 1:
-            h = last_positions(h)
+            h = segment.device.last_rows(h)
         head = segment.head.program_for(1)
         logits = call(head.main, h, *segment.head.weights)
         if pick:
@@ -514,7 +516,7 @@ class Executor:
             call(step.download, logits)
         return logits
 
-    def _step_inputs(self, session: Session, segment: Segment, x, past: int) -> StepInputs:
+    def _step_inputs(self, session: Session, segment: Segment, x, source: Device, past: int) -> StepInputs:
         """The session's decode inputs on the segment's device (made once), holding this token's values."""
         device = segment.device
         step = session.step_inputs.get(device.name)
@@ -524,15 +526,15 @@ class Executor:
                 self._epoch += 1
             vocab = cfg.vocab if self.head.device is device else None
             step = session.step_inputs[device.name] = StepInputs.on(device, cfg.hidden, cfg.head_dim // 2, vocab)
-        step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past)
+        step.feed(x, self._cos[past:past + 1][None], self._sin[past:past + 1][None], past, device, source)
         return step
 
-    def _replay_segment(self, session: Session, segment: Segment, x, past: int,
-                        pick: bool = False) -> tvm.runtime.Tensor | np.ndarray | int:
+    def _replay_segment(self, session: Session, segment: Segment, x, source: Device, past: int,
+                        pick: bool = False) -> Tensor | np.ndarray | int:
         """One decode step of the segment as a captured graph (captured again when what it baked changed):
         its hidden state out, or where it ends with the head the logits row (or, `pick`, the token: a
         graph of its own, ending with the head's pick)."""
-        step = self._step_inputs(session, segment, x, past)
+        step = self._step_inputs(session, segment, x, source, past)
         key = (session.id, segment.blocks[0].index if segment.blocks else HEAD, pick and segment.head is not None)
         record = self._graphs.get(key)
         # pages or units may have changed: check what it baked (segment_objects also uploads page-table rows
@@ -551,7 +553,7 @@ class Executor:
         self._epoch += 1
 
     # -- recurrent blocks ------------------------------------------------------------------------
-    def _recurrent_step(self, session: Session, unit: Unit, x: tvm.runtime.Tensor, n: int) -> tvm.runtime.Tensor:
+    def _recurrent_step(self, session: Session, unit: Unit, x: Tensor, n: int) -> Tensor:
         """Run a GLA block over `n` new tokens; its kernel folds them into the session's state in place."""
         state = session.states.get(unit.index)
         if state is None:
@@ -584,8 +586,3 @@ def _device_faults(device: Device):
             raise
         raise DeviceFault(device.name, _last_line(e)) from e
 
-
-def _check_fault(device: Device) -> None:
-    if device.inject_fault:
-        device.inject_fault = False
-        raise DeviceFault(device.name, "kernel launch failed (injected fault)")

@@ -8,7 +8,6 @@ machine with no GPU is simply a CPU machine. Tests build an Inventory by hand wi
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import os
 import re

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import tvm
 
 from jitllm.core.errors import JitllmError
-from jitllm.runtime.devices.base import Device
+from jitllm.runtime.backends.base import Tensor
+from jitllm.runtime.device import Device
 
 TABLE_ROOM = 64
 """Page ids a table's tensor holds at first (1024 positions at 16 per page)."""
@@ -30,7 +30,7 @@ class PagePool:
         self.max_pages = max_pages
         self._page_shape = (2, kv_heads, page_size, head_dim)
         self.page_bytes = 2 * kv_heads * page_size * head_dim * 4
-        self.pages: tvm.runtime.Tensor | None = None
+        self.pages: Tensor | None = None
         self._free: list[int] = []
         self._grow_to(num_pages)
 
@@ -45,8 +45,8 @@ class PagePool:
             raise
         if self.num_pages:
             data = np.zeros((num_pages, *self._page_shape), np.float32)
-            data[: self.num_pages] = self.pages.numpy()
-            grown.copyfrom(data)
+            data[: self.num_pages] = self.device.download(self.pages)
+            self.device.write(grown, data)
         self.pages = grown
         self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
         self.num_pages = num_pages
@@ -81,15 +81,15 @@ class TableArena:
     """The page-table tensors of one session's tables on one device as rows of one tensor, so the tables
     that gained pages together (every block of a session, every 16 tokens) are uploaded by one copy, not
     one each (28 small copies every 16 tokens were the largest host cost of a 3B decode step's
-    bookkeeping). Each table's tensor is a view of its row (jitllm.runtime.dlpack.alias); the rows stay
+    bookkeeping). Each table's tensor is a view of its row (an alias, Device.aliases); the rows stay
     where they are until the arena needs more rows or more room, when it is laid out afresh (new
     tensors: captured steps that baked the old ones are captured again)."""
 
     def __init__(self, device) -> None:
         self.device = device
         self.host = np.zeros((0, TABLE_ROOM), np.int32)
-        self._tensor: tvm.runtime.Tensor | None = None
-        self._views: list[tvm.runtime.Tensor] = []
+        self._tensor: Tensor | None = None
+        self._views: list[Tensor] = []
         self._free: list[int] = []
         self._used = 0
         self._dirty = False
@@ -115,16 +115,14 @@ class TableArena:
         self.host[row, : len(ids)] = ids
         self._dirty = True
 
-    def view(self, row: int) -> tvm.runtime.Tensor:
+    def view(self, row: int) -> Tensor:
         if self._tensor is None:
-            from jitllm.runtime.dlpack import aliases
-
             rows, room = self.host.shape
             self._tensor = self.device.empty((rows, room), "int32")
-            self._views = aliases(self._tensor, tuple(((1, room), "int32", r * room * 4) for r in range(rows)))
+            self._views = self.device.aliases(self._tensor, tuple(((1, room), "int32", r * room * 4) for r in range(rows)))
             self._dirty = True
         if self._dirty:
-            self._tensor.copyfrom(self.host)
+            self.device.write(self._tensor, self.host)
             self._dirty = False
         return self._views[row]
 
@@ -154,7 +152,7 @@ class PageTable:
             self.ids += self.pool.allocate(need)
             self.arena.write(self._own_row(), self.ids)
 
-    def tensor(self) -> tvm.runtime.Tensor:
+    def tensor(self) -> Tensor:
         if self._row < 0:
             self.arena.write(self._own_row(), self.ids)
         return self.arena.view(self._row)

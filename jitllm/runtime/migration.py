@@ -7,7 +7,7 @@ pages copied into the destination pool (each run of pages consecutive on both si
 scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
 per-session state is copied into new tensors on the destination instead). Only then is the
 unit switched over and the source's memory freed (its weights buffer kept for the next unit to arrive
-where the source has a weight pool, jitllm.runtime.devices.buffer_pool; the destination's came from
+where the source has a weight pool, jitllm.runtime.backends.buffer_pool; the destination's came from
 its pool where one was kept); any failure before that undoes what was done, so the block keeps running
 where it was with its KV intact. Nothing is recomputed.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitllm.runtime.devices.base import Device, to_device
+from jitllm.runtime.device import Device
 from jitllm.runtime.kv_pages import PageTable
 from jitllm.runtime.recurrent import RecurrentState, commit_states, copy_states
 
@@ -153,13 +153,13 @@ def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source
     if len(runs) <= DIRECT_RUNS:
         for first_old, first_new, run in runs:
             shape = (run, *src_pool.pages.shape[1:])
-            rows = src_pool.pages._create_view(shape, "float32", first_old * src_pool.page_bytes)
-            dst_pool.pages._create_view(shape, "float32", first_new * dst_pool.page_bytes).copyfrom(rows)
+            rows = source.region(src_pool.pages, shape, "float32", first_old * src_pool.page_bytes)
+            dest.copy_from(dest.region(dst_pool.pages, shape, "float32", first_new * dst_pool.page_bytes), rows, source)
         return count * src_pool.page_bytes
     shape = (count, *src_pool.pages.shape[1:])
     staged = source.empty(shape, "float32")
     src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
-    moved = to_device(staged, dest)
+    moved = dest.receive(staged, source)
     dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
     return count * src_pool.page_bytes
 

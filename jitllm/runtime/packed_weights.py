@@ -1,8 +1,8 @@
 """A unit's weights in one allocation per device, so loading or moving a block is one allocation and
 one copy whatever the number of its tensors (a small block's move was mostly per-tensor costs).
 
-The tensors the programs take are aliases into that allocation (jitllm.runtime.dlpack.aliases: TVM's
-kernels reject TVM's own views, which keep their offset in the DLTensor's byte_offset).
+The tensors the programs take are aliases into that allocation (Device.aliases: TVM's kernels reject
+TVM's own views, which keep their offset in the DLTensor's byte_offset).
 """
 
 from __future__ import annotations
@@ -10,17 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import tvm
 
-from jitllm.runtime.devices.buffer_pool import BufferPool
-from jitllm.runtime.dlpack import aliases
+from jitllm.runtime.backends.base import Layout, Tensor
+from jitllm.runtime.device import Device
 
 ALIGN = 256
 """Byte alignment of each tensor in the allocation (vector loads, and the CUDA allocator's own)."""
-
-Layout = tuple[tuple[tuple[int, ...], str, int], ...]
-"""(shape, dtype, byte offset) of each tensor, in the order the unit's program takes them."""
-
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
@@ -30,14 +25,14 @@ class PackedWeights(list):
     """The unit's weight tensors, in its program's order, all aliases into `buffer` (one uint8
     allocation laid out by `layout`). Where the device keeps weights buffers for reuse (its
     `weight_pool`), the buffer and its aliases go back there when these weights are gone, and the next
-    weights of the same size there take them (jitllm.runtime.devices.buffer_pool)."""
+    weights of the same size there take them (jitllm.runtime.backends.buffer_pool)."""
 
-    def __init__(self, buffer: tvm.runtime.Tensor, layout: Layout, views: list[tvm.runtime.Tensor] | None = None,
-                 pool: BufferPool | None = None) -> None:
-        """`views`: aliases of `buffer` already made for `layout` (a buffer from the pool), else made here;
-        `pool`: where the buffer goes back when these weights are gone."""
-        super().__init__(aliases(buffer, layout) if views is None else views)
-        self.buffer, self.layout, self._pool = buffer, layout, pool
+    def __init__(self, device: Device, buffer: Tensor, layout: Layout, views: list[Tensor] | None = None) -> None:
+        """`layout`: (shape, dtype, byte offset) of each tensor, in the order the unit's program takes them;
+        `views`: aliases of `buffer` already made for `layout` (a buffer from the pool), else made here.
+        The buffer goes back to the device's weight pool, where it has one, when these weights are gone."""
+        super().__init__(aliases(device, buffer, layout) if views is None else views)
+        self.device, self.buffer, self.layout, self._pool = device, buffer, layout, device.weight_pool
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
@@ -45,7 +40,7 @@ class PackedWeights(list):
             pool.give_back(self.buffer, self.layout, tuple(self))
 
     @classmethod
-    def upload(cls, device, groups: list[list[np.ndarray]]) -> "PackedWeights":
+    def upload(cls, device: Device, groups: list[list[np.ndarray]]) -> "PackedWeights":
         """One tensor per group, its parts stacked along axis 0, each copied straight into its rows."""
         layout, end = [], 0
         for parts in groups:
@@ -55,17 +50,22 @@ class PackedWeights(list):
         buffer, views = device.weights_buffer(max(end, ALIGN), layout)
         for parts, (_, dtype, at) in zip(groups, layout):
             for part in parts:
-                buffer._create_view(part.shape, dtype, at).copyfrom(np.ascontiguousarray(part))
+                device.write(device.region(buffer, part.shape, dtype, at), part)
                 at += part.nbytes
-        return cls(buffer, layout, views, device.weight_pool)
+        return cls(device, buffer, layout, views)
 
-    def to(self, device, mark: Callable[[str], None] = lambda phase: None) -> "PackedWeights":
+    def to(self, device: Device, mark: Callable[[str], None] = lambda phase: None) -> "PackedWeights":
         """The same weights on `device`: one allocation (or a buffer its pool kept) and one copy of it
         (`mark` is called after the allocation, the copy and the aliases, for a move's phase clock)."""
         buffer, views = device.weights_buffer(int(self.buffer.shape[0]), self.layout)
         mark("weights alloc")
-        buffer.copyfrom(self.buffer)
+        device.copy_from(buffer, self.buffer, self.device)
         mark("weights copy")
-        moved = PackedWeights(buffer, self.layout, views, device.weight_pool)
+        moved = PackedWeights(device, buffer, self.layout, views)
         mark("weights aliases")
         return moved
+
+
+def aliases(device: Device, buffer: Tensor, layout: Layout) -> list[Tensor]:
+    """The aliases a unit's program takes over its buffer (one place, so tests can count them)."""
+    return device.aliases(buffer, layout)

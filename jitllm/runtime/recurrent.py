@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-import tvm
 
 from jitllm.ir.config import BlockKind
 from jitllm.ir.gla import state_shape
-from jitllm.runtime.devices.base import Device
+from jitllm.runtime.backends.base import Tensor
+from jitllm.runtime.device import Device
 
 
 @dataclass
 class RecurrentState:
     device: Device
-    tensor: tvm.runtime.Tensor
+    tensor: Tensor
     positions: int = 0
     """Tokens folded into the state; -1 while a step runs on it (a step that failed leaves it unusable)."""
 
@@ -47,7 +47,7 @@ class RecurrentState:
         dest.reserve(self.nbytes, what, kv=True)
         try:
             tensor = dest.empty(tuple(self.tensor.shape), "float32")
-            self.tensor.copyto(tensor)
+            dest.copy_from(tensor, self.tensor, self.device)
         except BaseException:
             dest.release(self.nbytes, kv=True)
             raise

@@ -12,9 +12,8 @@ for a greedy step where the head's program picks the token on the device, the to
 CUDA those arrays are pinned and both copies are nodes of the captured graph, so a decode step is
 one graph launch and one wait: no other call into the driver per token.
 
-`ReplayRecorder` is the host's stand-in for CUDA graphs: it records the calls with their tensors and
-replays them writing results back into the captured outputs, which is what fixed addresses do — so
-the capture/invalidation logic is tested on machines without a GPU.
+The host's stand-in for CUDA graphs, ReplayRecorder, lives with the simulated devices
+(backends/fake.py), so the capture/invalidation logic is tested on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numpy as np
-import tvm
 
-from jitllm.runtime.devices.base import Device
+from jitllm.runtime.backends.base import Tensor
+from jitllm.runtime.device import Device
 
 
 class StepGraph(Protocol):
@@ -44,21 +43,24 @@ class Transfers(Protocol):
     """How a device's decode inputs and logits cross between host arrays and device tensors."""
 
     def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray: ...
-    def copy_in(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None: ...
-    def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None: ...
+    def copy_in(self, tensor: Tensor, array: np.ndarray) -> None: ...
+    def copy_out(self, array: np.ndarray, tensor: Tensor) -> None: ...
 
 
 class PlainTransfers:
-    """Ordinary host arrays and TVM's synchronous copies (devices without captured graphs)."""
+    """Ordinary host arrays and the device's synchronous copies (devices without captured graphs)."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
 
     def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         return np.zeros(shape, dtype)
 
-    def copy_in(self, tensor: tvm.runtime.Tensor, array: np.ndarray) -> None:
-        tensor.copyfrom(array)
+    def copy_in(self, tensor: Tensor, array: np.ndarray) -> None:
+        self.device.write(tensor, array)
 
-    def copy_out(self, array: np.ndarray, tensor: tvm.runtime.Tensor) -> None:
-        array[...] = tensor.numpy()
+    def copy_out(self, array: np.ndarray, tensor: Tensor) -> None:
+        array[...] = self.device.download(tensor)
 
 
 class GraphRecorder(Transfers, Protocol):
@@ -98,38 +100,39 @@ class StepInputs:
     """A step's inputs on one device. Decode steps keep theirs per session (`on`): device tensors
     rewritten in place every token from `staging` (no allocation, fixed addresses)."""
 
-    x: tvm.runtime.Tensor
-    cos: tvm.runtime.Tensor
-    sin: tvm.runtime.Tensor
-    past: tvm.runtime.Tensor
+    x: Tensor
+    cos: Tensor
+    sin: Tensor
+    past: Tensor
     staging: "HostStaging | None" = None
-    token: tvm.runtime.Tensor | None = None
+    token: Tensor | None = None
     """Where the step ends with the head: the greedy pick's [1] int32 on the device."""
 
     @classmethod
     def on(cls, device: Device, hidden: int, half: int, vocab: int | None,
-           token: tvm.runtime.Tensor | None = None) -> "StepInputs":
+           token: Tensor | None = None) -> "StepInputs":
         """Decode inputs on `device`; `vocab` where the step ends with the head there (its logits come back
         through a host array too, and the pick lands in `token`, a new [1] int32 unless given)."""
-        transfers = device.graphs if device.graphs is not None else PlainTransfers()
+        transfers = device.graphs if device.graphs is not None else PlainTransfers(device)
         tensors = (device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
                    device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
         if vocab and token is None:
             token = device.empty((1,), "int32")
         return cls(*tensors, staging=HostStaging(transfers, tensors, vocab), token=token if vocab else None)
 
-    def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int) -> None:
-        """This token's values into the host arrays; a hidden state already on a device (from the segment
-        before) is copied into `x` directly, and None leaves `x` to the step (a pipelined greedy step
-        gathers it on the device: Executor.greedy_tokens)."""
+    def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int, device: Device,
+             source: Device | None = None) -> None:
+        """This token's values into the host arrays; a hidden state already on a device (`source`: from the
+        segment before) is copied into `x` (on `device`) directly, and None leaves `x` to the step (a
+        pipelined greedy step gathers it on the device: Executor.greedy_tokens)."""
         host = self.staging
         host.x_staged = isinstance(x, np.ndarray)
         if host.x_staged:
             host.x[...] = x
         elif x is not None:  # a copy with page-locked host memory on either side runs asynchronously: wait for it
-            x.copyto(self.x)
-            x.device.sync()
-            self.x.device.sync()
+            device.copy_from(self.x, x, source)
+            source.synchronize()
+            device.synchronize()
         host.cos[...], host.sin[...], host.past[0] = cos, sin, past
 
     def upload(self) -> None:
@@ -140,7 +143,7 @@ class StepInputs:
         for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
             host.transfers.copy_in(tensor, array)
 
-    def output(self, segment: Segment, out: tvm.runtime.Tensor, pick: bool) -> tvm.runtime.Tensor | np.ndarray | int:
+    def output(self, segment: Segment, out: Tensor, pick: bool) -> Tensor | np.ndarray | int:
         """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or where it
         ends with the head, the token it picked (`pick`) or the logits row it downloaded (a copy: the
         array is rewritten next step)."""
@@ -148,11 +151,11 @@ class StepInputs:
             return out
         return int(self.staging.token[0]) if pick else self.staging.logits[0, -1].copy()
 
-    def download(self, logits: tvm.runtime.Tensor) -> None:
+    def download(self, logits: Tensor) -> None:
         """The head's logits into the host array (the last thing a decode step ending with the head does)."""
         self.staging.transfers.copy_out(self.staging.logits, logits)
 
-    def download_token(self, token: tvm.runtime.Tensor) -> None:
+    def download_token(self, token: Tensor) -> None:
         """The greedy pick into the host array (instead of the logits, where the device picked it)."""
         self.staging.transfers.copy_out(self.staging.token, token)
 
@@ -174,7 +177,7 @@ class HostStaging:
 class GraphRecord:
     signature: tuple
     graph: StepGraph
-    output: tvm.runtime.Tensor
+    output: Tensor
     keep: list
     """Every object the graph's addresses point into (what the signature names, the calls' arguments and
     results), so no id in the signature can be reused while the record lives."""
@@ -203,12 +206,12 @@ def signature(objects: list, step: StepInputs) -> tuple:
 
 
 def capture_segment(recorder: GraphRecorder, objects: list, step: StepInputs,
-                    run: Callable[[Callable], tvm.runtime.Tensor]) -> GraphRecord:
+                    run: Callable[[Callable], Tensor]) -> GraphRecord:
     """Capture `run(call)`, one decode step launching its functions through `call(fn, *args)` (a recorder
     may also run it while capturing, so its inputs must already hold this token's values)."""
     keep = list(objects)
 
-    def body(call: Callable) -> tvm.runtime.Tensor:
+    def body(call: Callable) -> Tensor:
         def keeping(fn: Callable, *args):
             out = call(fn, *args)
             keep.extend(args)
@@ -219,57 +222,3 @@ def capture_segment(recorder: GraphRecorder, objects: list, step: StepInputs,
 
     graph, output = recorder.capture(body)
     return GraphRecord(signature(objects, step), graph, output, keep)
-
-
-class ReplayRecorder(PlainTransfers):
-    """Host stand-in for CUDA graphs (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.captures = 0
-
-    def fence(self) -> StepFence:
-        return _Done()
-
-    def capture(self, body: Callable[[Callable], object]) -> tuple[StepGraph, object]:
-        calls: list[tuple[Callable, tuple, object]] = []
-
-        def call(fn: Callable, *args):
-            out = fn(*args)
-            calls.append((fn, args, out))
-            return out
-
-        output = body(call)
-        self.captures += 1
-        return _Replay(calls), output
-
-
-class _Done:
-    """The host stand-in's fence: its replays run as they are launched."""
-
-    def record(self) -> None:
-        pass
-
-    def wait(self) -> None:
-        pass
-
-
-class _Replay:
-    def __init__(self, calls: list[tuple[Callable, tuple, object]]) -> None:
-        self.calls = calls
-
-    def launch(self) -> None:
-        self.replay()
-
-    def replay(self) -> None:
-        for fn, args, captured in self.calls:
-            fresh = fn(*args)
-            for old, new in zip(_tensors(captured), _tensors(fresh)):
-                old.copyfrom(new)
-
-
-def _tensors(value) -> list:
-    if value is None:
-        return []
-    if isinstance(value, tvm.runtime.Tensor):
-        return [value]
-    return list(value)

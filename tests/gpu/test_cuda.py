@@ -35,8 +35,8 @@ TOL = 5e-5
 def test_block_kind_on_cuda(kind, cache_dir):
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets.cuda import CudaTarget
-    from jitllm.runtime.devices.cuda import cuda_arch
-    from jitllm.runtime.program import load_program
+    from jitllm.runtime.backends.cuda import cuda_arch
+    from jitllm.runtime.backends.tvm_tensors import load_program
 
     dev = tvm.cuda(0)
     program = load_program(get_artifact(kind, CudaTarget(cuda_arch(0)), cache_dir).path, dev, kind.kind == "llama")
@@ -97,8 +97,8 @@ def test_fast_kinds_on_cuda(kind, cache_dir):
     over a history and a batch of two sequences with different histories."""
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets.cuda import CudaTarget
-    from jitllm.runtime.devices.cuda import cuda_arch
-    from jitllm.runtime.program import load_program
+    from jitllm.runtime.backends.cuda import cuda_arch
+    from jitllm.runtime.backends.tvm_tensors import load_program
 
     dev = tvm.cuda(0)
     fast, exact = (load_program(get_artifact(kind, CudaTarget(cuda_arch(0), k), cache_dir).path, dev,
@@ -230,14 +230,21 @@ def test_pipelined_greedy_steps_match_plain_ones_through_moves(tiny_model, cache
 
 def test_fault_on_cuda_finishes_on_host(tiny_model, cache_dir):
     from jitllm.model import load
+    from jitllm.runtime.backends.cuda import cuda_device
+    from jitllm.runtime.backends.fake import with_faults
+    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.runtime.inventory import detect_inventory
     from jitllm.runtime.sampling import SamplingParams
 
     prompt = list(range(4, 30))
     host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact").generate_ids(prompt, 16)
-    model = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact")
+    cuda = with_faults(cuda_device(parse_devices("cuda:0", detect_inventory())[0], "exact"))
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[cuda])
+    model.move("*", "cuda:0")
+    model.move("head", "cuda:0")
     out = []
     for i, token in enumerate(model.generate_tokens(prompt, 16, SamplingParams(0.0))):
         out.append(token)
         if i == 3:
-            model.devices["cuda:0"].inject_fault = True
+            cuda.backend.faults.launch = True
     assert out == host

@@ -23,7 +23,7 @@ from jitllm.ir.llama import (
 )
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.targets.llvm import LlvmTarget
-from jitllm.runtime.program import load_program
+from jitllm.runtime.backends.tvm_tensors import load_program
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 SHAPES = [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (3, 1, [1, 40, 15])]

@@ -14,7 +14,7 @@ from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, state_shape
 from jitllm.ir.llama import activation_inputs, build_block_graph, weight_inputs
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.targets.llvm import LlvmTarget
-from jitllm.runtime.program import load_program
+from jitllm.runtime.backends.tvm_tensors import load_program
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 SHAPES = [(1, 1), (2, 5), (3, 40)]  # (batch, tokens); the last runs the kernel's parallel path

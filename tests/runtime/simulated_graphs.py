@@ -4,16 +4,13 @@ stand-in for CUDA graphs): shared by the captured-step and pipelined-decode test
 from __future__ import annotations
 
 from jitllm.model import load
-from jitllm.runtime.devices.host import simulated_device
-from jitllm.runtime.step_graphs import ReplayRecorder
+from jitllm.runtime.backends.fake import simulated_device
 
 
 def load_on_simulated(path, cache_dir, placement: str = "", graphs: bool = True):
     """(model, [sim:0, sim:1]) with the units moved as `placement` says ("SEL=TARGET,..."), the devices
     capturing steps unless `graphs` is off."""
-    devices = [simulated_device("sim:0"), simulated_device("sim:1")]
-    for dev in devices:
-        dev.graphs = ReplayRecorder() if graphs else None
+    devices = [simulated_device("sim:0", graphs=graphs), simulated_device("sim:1", graphs=graphs)]
     model = load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=devices)
     for part in placement.split(","):
         if part:

@@ -9,9 +9,9 @@ import ctypes
 import numpy as np
 import tvm
 
-from jitllm.runtime.devices import cuda_driver
-from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
-from jitllm.runtime.dlpack import data_pointer
+from jitllm.runtime.backends import cuda_driver
+from jitllm.runtime.backends.cuda_graph import CudaGraphRecorder
+from jitllm.runtime.backends.dlpack import data_pointer
 
 
 class FakeDriver:

@@ -257,3 +257,12 @@ def test_grammar_shaped_text_parses_or_raises_jitllm_error(specs, sizes, invento
         parse_devices(text, inventory)
     except JitllmError as e:
         assert len(str(e).splitlines()) == 1
+
+
+def test_simulated_devices_are_named_with_a_budget_and_no_gpu_alias():
+    two = parse_devices("sim:0=64M,sim:1", CPU_ONLY)
+    assert [c.name for c in two] == ["sim:0", "sim:1"] and two[0].budget_bytes == 64 * MIB
+    assert two[0].aliases == {"sim:0"} and two[1].budget_bytes == default_budget(32 * GIB - 64 * MIB)
+    assert [c.name for c in parse_devices("auto", CPU_ONLY)] == []  # never picked unless named
+    with pytest.raises(JitllmError, match="sim:x: bad index 'x'"):
+        parse_devices("sim:x", CPU_ONLY)

@@ -8,7 +8,7 @@ import pytest
 import tvm
 
 from jitllm.core.quant import dequantize_rows, parts_from_float
-from jitllm.runtime.devices.base import last_positions
+from jitllm.runtime.backends.host import host_device
 from jitllm.runtime.embedding import VALUES_PER_THREAD, TokenEmbedding
 
 
@@ -28,5 +28,5 @@ def test_lookup_matches_one_dequantization_at_every_length(wtype):
 def test_last_positions_copies_each_sequences_last_row():
     hidden = np.random.default_rng(4).standard_normal((3, 5, 7)).astype(np.float32)
     for batch in (1, 3):
-        got = last_positions(tvm.runtime.tensor(hidden[:batch], tvm.cpu()))
+        got = host_device().last_rows(tvm.runtime.tensor(hidden[:batch], tvm.cpu()))
         assert np.array_equal(got.numpy(), hidden[:batch, -1:])

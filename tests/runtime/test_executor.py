@@ -78,7 +78,7 @@ def test_decode_steps_reuse_their_input_tensors(model):
 
 def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir, monkeypatch):
     """The per-block page checks run only when a step may need a page (or after a move or reset)."""
-    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.backends.fake import simulated_device
 
     model = load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact",
                  extra_devices=[simulated_device("sim:0")])
@@ -105,7 +105,7 @@ def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir,
 
 
 def test_a_pool_growth_that_fails_to_allocate_charges_nothing(monkeypatch):
-    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.backends.fake import simulated_device
     from jitllm.runtime.kv_pages import PagePool
 
     dev = simulated_device("sim")
@@ -124,7 +124,7 @@ def test_a_pool_growth_that_fails_to_allocate_charges_nothing(monkeypatch):
 def test_a_sessions_page_tables_are_rows_of_one_tensor_uploaded_once():
     """Tables that gained pages together are uploaded by one copy; each table's tensor is its row, at a
     fixed address until the arena needs more room (then new tensors, which captured steps notice)."""
-    from jitllm.runtime.devices.host import simulated_device
+    from jitllm.runtime.backends.fake import simulated_device
     from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
 
     dev = simulated_device("sim")

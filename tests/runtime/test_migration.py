@@ -9,7 +9,7 @@ import pytest
 from jitllm.core.errors import JitllmError
 from jitllm.ir.llama import BLOCK_LINEARS
 from jitllm.model import load
-from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.backends.fake import simulated_device
 from jitllm.runtime.sampling import SamplingParams
 
 PROMPT = list(range(4, 30))
@@ -89,7 +89,7 @@ def test_failure_half_way_leaves_the_block_running_with_its_kv(tiny_model, cache
     tokens = list(PROMPT)
     logits = ex.forward(session, tokens)
     sim = model.devices["sim:0"]
-    sim.fail_next_alloc = False
+    sim.backend.faults.alloc = False
     # weights fit, but the destination's KV pool allocation fails (injected)
     original_reserve = sim.reserve
     calls = []
@@ -120,7 +120,7 @@ def test_device_fault_finishes_on_the_host(tiny_model, cache_dir, baseline):
     for i, token in enumerate(model.generate_tokens(PROMPT, N, SamplingParams(0.0))):
         tokens.append(token)
         if i == 4:
-            sim.inject_fault = True
+            sim.backend.faults.launch = True
     assert tokens == baseline
     assert any("finishing on the CPU" in line for line in logs)
     assert all(u.device.name == "host" for u in model.executor.blocks)
@@ -130,7 +130,7 @@ def test_no_gpu_fallback_fails_clearly(tiny_model, cache_dir):
     model = _load(tiny_model, cache_dir)
     model.no_gpu_fallback = True
     model.move("0", "sim:0")
-    model.devices["sim:0"].inject_fault = True
+    model.devices["sim:0"].backend.faults.launch = True
     with pytest.raises(JitllmError, match="sim:0: kernel launch failed .*-no-gpu-fallback"):
         model.generate_ids(PROMPT, 4)
 
@@ -229,7 +229,7 @@ def test_page_runs_group_ids_consecutive_on_both_sides():
 
 def _with_graphs(model):
     """Give the simulated devices the host's stand-in for CUDA graphs (step_graphs.ReplayRecorder)."""
-    from jitllm.runtime.step_graphs import ReplayRecorder
+    from jitllm.runtime.backends.fake import ReplayRecorder
 
     for name in ("sim:0", "sim:1"):
         model.devices[name].graphs = ReplayRecorder()

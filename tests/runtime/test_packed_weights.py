@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from jitllm.runtime.devices.host import host_device, simulated_device
+from jitllm.runtime.backends.fake import simulated_device
+from jitllm.runtime.backends.host import host_device
 from jitllm.runtime.packed_weights import ALIGN, PackedWeights
 
 

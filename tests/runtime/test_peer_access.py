@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jitllm.runtime.devices import cuda_driver
-from jitllm.runtime.devices.cuda import CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, enable_peer_access
+from jitllm.runtime.backends import cuda_driver
+from jitllm.runtime.backends.cuda import CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, enable_peer_access
 
 
 class FakeDriver:

@@ -1,4 +1,4 @@
-"""The page-locked host pool (devices/pinned.py) with a stand-in driver: memory is reused by size,
+"""The page-locked host pool (backends/pinned.py) with a stand-in driver: memory is reused by size,
 kept only up to its limit, and a model whose host memory comes from it computes and moves as before."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jitllm.model import load
-from jitllm.runtime.devices import cuda_driver, pinned
-from jitllm.runtime.devices.host import simulated_device
-from jitllm.runtime.dlpack import data_pointer
+from jitllm.runtime.backends import cuda_driver, pinned
+from jitllm.runtime.backends.fake import simulated_device
+from jitllm.runtime.backends.dlpack import data_pointer
 from jitllm.runtime.packed_weights import PackedWeights
 
 PROMPT = list(range(4, 30))

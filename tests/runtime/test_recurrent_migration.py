@@ -13,7 +13,7 @@ import pytest
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.model import load
-from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.backends.fake import simulated_device
 from jitllm.runtime.model_layout import ModelLayout
 
 N = 20
@@ -94,7 +94,7 @@ def test_move_carries_the_state_and_frees_the_source(tiny_hybrid_model, cache_di
     (report,) = model.move("1", "sim:0")
     assert report.state_bytes == STATE_BYTES and report.kv_bytes == 0
     state = session.states[1]
-    assert state.device is sim and state.tensor.device == sim.tvm_device
+    assert state.device is sim and state.tensor.device == sim.backend.tvm_device
     assert np.array_equal(state.tensor.numpy(), before)
     assert host.kv_bytes == host_kv - STATE_BYTES and sim.kv_bytes == STATE_BYTES
     moved = ex.forward(session, [7])
@@ -136,7 +136,7 @@ def test_a_failed_step_is_caught_and_a_reset_recovers(tiny_hybrid_model, cache_d
     model.move("2", "sim:0")
     session = ex.new_session()
     ex.forward(session, prompt[:5])
-    sim.inject_fault = True  # block 1 (gla) has folded the tokens in, block 2 fails
+    sim.backend.faults.launch = True  # block 1 (gla) has folded the tokens in, block 2 fails
     with pytest.raises(DeviceFault):
         ex.forward(session, prompt[5:])
     with pytest.raises(JitllmError, match="recurrent state does not match its 5 positions.*reset the session"):

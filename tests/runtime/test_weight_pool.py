@@ -1,4 +1,4 @@
-"""Weights buffers kept for reuse per device (devices/buffer_pool.py), on simulated devices whose memory
+"""Weights buffers kept for reuse per device (backends/buffer_pool.py), on simulated devices whose memory
 comes from a stand-in allocator that counts allocations (and can run out): a block moving back and forth
 allocates nothing after its first trip, budgets are charged as without the pool, tokens are the same, a
 failed allocation lets the kept buffers go and is retried, the bound drops the buffer kept longest, the
@@ -17,10 +17,10 @@ import tvm_ffi
 from jitllm.core.errors import JitllmError
 from jitllm.model import load
 from jitllm.runtime import packed_weights
-from jitllm.runtime.devices.buffer_pool import KEEP_BYTES, BufferPool, pool_from_env
-from jitllm.runtime.devices.host import simulated_device
+from jitllm.runtime.backends.buffer_pool import KEEP_BYTES, BufferPool, pool_from_env
+from jitllm.runtime.backends.fake import simulated_device
 from jitllm.runtime.packed_weights import PackedWeights
-from jitllm.runtime.step_graphs import ReplayRecorder
+from jitllm.runtime.backends.fake import ReplayRecorder
 
 PROMPT = list(range(4, 30))
 N = 24

@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 
 from jitllm.core.errors import DeviceFault
-from jitllm.runtime.devices import cuda_driver
+from jitllm.runtime.backends import cuda_driver
 
 KEEP_BYTES = 1 << 30
 """Freed page-locked memory kept for reuse (beyond it, freed memory is unlocked and returned)."""

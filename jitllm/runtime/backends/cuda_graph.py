@@ -20,10 +20,10 @@ from typing import Callable
 import numpy as np
 import tvm
 
-from jitllm.runtime.devices import cuda_driver
-from jitllm.runtime.devices.cuda_driver import check
-from jitllm.runtime.devices.pinned import pinned_pool
-from jitllm.runtime.dlpack import data_pointer
+from jitllm.runtime.backends import cuda_driver
+from jitllm.runtime.backends.cuda_driver import check
+from jitllm.runtime.backends.dlpack import data_pointer
+from jitllm.runtime.backends.pinned import pinned_pool
 
 CU_STREAM_NON_BLOCKING = 1
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
@@ -80,7 +80,7 @@ class CudaGraphRecorder:
         self._capturing = False
 
     def host_array(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        """A zeroed array in page-locked host memory (jitllm.runtime.devices.pinned)."""
+        """A zeroed array in page-locked host memory (jitllm.runtime.backends.pinned)."""
         array = pinned_pool(self._device.index).array(shape, dtype)
         array[...] = 0
         return array

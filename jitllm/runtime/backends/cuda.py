@@ -9,15 +9,24 @@ import tvm
 
 from jitllm.core.errors import JitllmError
 from jitllm.lowering.targets.cuda import CudaTarget
-from jitllm.runtime.devices import cuda_driver
-from jitllm.runtime.devices.base import Device
-from jitllm.runtime.devices.buffer_pool import pool_from_env
+from jitllm.runtime.backends import cuda_driver
+from jitllm.runtime.backends.base import BackendCaps
+from jitllm.runtime.backends.buffer_pool import pool_from_env
+from jitllm.runtime.backends.tvm_tensors import TvmBackend
+from jitllm.runtime.device import Device
+
+CAPS = BackendCaps("tvm", page_locked_host=True, peer_copies=True, captured_steps=True)
 
 
 def cuda_arch(ordinal: int) -> str:
     version = tvm.cuda(ordinal).compute_version  # e.g. "9.0"
     major, minor = version.split(".")
     return f"sm_{major}{minor}"
+
+
+def make_device(choice, cpu_kernels: str, gpu_kernels: str) -> Device:
+    """The registry's constructor: a CUDA device in the GPU kernel family (jitllm.lowering.targets.cuda)."""
+    return cuda_device(choice, gpu_kernels)
 
 
 def cuda_device(choice, kernels: str = "fast") -> Device:
@@ -29,20 +38,28 @@ def cuda_device(choice, kernels: str = "fast") -> Device:
     dev = tvm.cuda(ordinal)
     if not dev.exist:
         raise JitllmError(f"{choice.name}: no such CUDA device")
-    device = Device(choice.name, CudaTarget(cuda_arch(ordinal), kernels), dev, choice.budget_bytes)
+    backend = TvmBackend("cuda", dev, CAPS)
+    device = Device(choice.name, backend, CudaTarget(cuda_arch(ordinal), kernels), choice.budget_bytes)
     if os.environ.get("JITLLM_PINNED_HOST", "1") != "0":
-        from jitllm.runtime.devices.pinned import pinned_pool
+        from jitllm.runtime.backends.pinned import pinned_pool
 
         device.host_allocator = pinned_pool(ordinal).tensor
     device.weight_pool = pool_from_env()  # weights that left the card, kept for the next to arrive
     if os.environ.get("JITLLM_CUDA_GRAPHS", "1") != "0":
-        from jitllm.runtime.devices.cuda_graph import CudaGraphRecorder
+        from jitllm.runtime.backends.cuda_graph import CudaGraphRecorder
 
         device.graphs = CudaGraphRecorder(dev, choice.name)
     return device
 
 
 CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+
+
+def link_peers(devices: list[Device]) -> list[tuple[str, str]]:
+    """Direct copies between every pair of these CUDA devices the driver lets reach each other (moves
+    and seams between cards); the (from, to) device names now linked."""
+    names = {device.backend.tvm_device.index: device.name for device in devices}
+    return [(names[a], names[b]) for a, b in enable_peer_access(list(names))]
 
 
 def enable_peer_access(ordinals: list[int]) -> list[tuple[int, int]]:

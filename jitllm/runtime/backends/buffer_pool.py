@@ -6,7 +6,7 @@ then allocates nothing and makes no aliases.
 
 Measured on the H200 at stop 13, a SmolLM2-shaped block's move (0.14 ms on the link) spent 0.1-0.2 ms in
 the device allocation (cudaMalloc; and cudaFree of the source's buffer) and ~0.1 ms making its aliases.
-Kept the way PyTorch's caching allocator and devices/pinned.py (page-locked host memory) keep memory:
+Kept the way PyTorch's caching allocator and backends/pinned.py (page-locked host memory) keep memory:
 
 - reuse by exact size; a buffer is handed out again only when nothing but the pool holds it or its
   aliases: no other Python reference (compared with a probe the pool holds the same way) and no other

@@ -1,0 +1,19 @@
+"""The host CPU as a device: TVM tensors in host memory, llvm artifacts."""
+
+from __future__ import annotations
+
+import tvm
+
+from jitllm.lowering.targets.llvm import LlvmTarget
+from jitllm.runtime.backends.base import BackendCaps
+from jitllm.runtime.backends.tvm_tensors import TvmBackend
+from jitllm.runtime.device import Device
+
+HOST = "host"
+CAPS = BackendCaps("tvm", unified_memory=True)
+
+
+def host_device(kernels: str = "exact") -> Device:
+    """The host CPU; `kernels` is the CPU kernel family ("exact" f32 activations, "fast" int8 activations,
+    see jitllm/lowering/targets/llvm.py)."""
+    return Device(HOST, TvmBackend("host", tvm.cpu(0), CAPS), LlvmTarget(kernels))

@@ -22,7 +22,7 @@ def main() -> None:
 
     import tvm
 
-    from jitllm.ir.llama import build_block_graph
+    from jitllm.ir.blocks import build_block_graph
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets.cuda import CudaTarget, _pipeline

@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.ir.block_type import KV_PAGES
 from jitllm.runtime.backends.buffer_pool import pool_from_env
 from jitllm.runtime.backends.host import HOST, host_device
 from jitllm.runtime.device import Device
@@ -63,7 +64,7 @@ class Model:
     def relocate_from(self, device: Device, error: Exception) -> None:
         """-relocate: the device cannot grow the context; hand its last unpinned block to the host."""
         candidates = [u for u in self.executor.blocks if u.device is device and not self.plan.blocks[u.index].pinned]
-        candidates = [u for u in candidates if u.kind.kind == "llama"] or candidates  # GLA blocks hold no pages
+        candidates = [u for u in candidates if u.state == KV_PAGES] or candidates  # (blocks that hold pages)
         if not candidates:
             raise JitllmError(f"{device.name}: the context cannot grow ({error}) and every block there is pinned")
         report = move_unit(self.executor, candidates[-1].index, self.devices[HOST])

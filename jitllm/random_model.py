@@ -102,7 +102,7 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
 
 def preset_layout(preset: str, wtype: str, page_size: int = 16):
     """The block kinds a random model of `preset` uses, without writing it (to compile ahead of time)."""
-    from jitllm.ir.llama import head_kind
+    from jitllm.ir.head import head_kind
     from jitllm.runtime.model_layout import ModelLayout
 
     cfg = PRESETS.get(preset)

@@ -6,8 +6,8 @@ import numpy as np
 
 from jitllm.core.layouts import weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
+from jitllm.ir.blocks import weight_inputs
 from jitllm.ir.config import BlockKind
-from jitllm.ir.llama import weight_inputs
 
 
 def random_weights(kind: BlockKind, rng: np.random.Generator) -> dict[str, np.ndarray]:

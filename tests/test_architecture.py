@@ -140,3 +140,15 @@ def test_tvm_tensors_stay_inside_the_backends_that_use_tvm():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in ("tvm", "tvm_ffi")]
     assert found == []
+
+
+def test_block_kinds_are_asked_through_their_type():
+    """Nothing compares a block kind's name: code asks its BlockType (jitllm.ir.blocks.block_type) what it
+    carries and what it is."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(ast.unparse(side).endswith("kind.kind")
+                                                     for side in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

@@ -1,36 +1,81 @@
-"""The registry of decoder block types a model may mix (ModelConfig.block_types names them per block)."""
+"""The registry of block types (one module each) and what every caller asks of a block kind through
+its type: its weight and activation inputs and its ONNX graph."""
 
 from __future__ import annotations
 
-from jitllm.core.errors import JitllmError
-from jitllm.ir.config import BlockKind, ModelConfig
-from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, gla_linear_shapes
-from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes, llama_block_kind
+import onnx
+from onnx import helper
 
-BLOCK_TYPES = {
-    "llama": (BLOCK_LINEARS, block_linear_shapes, llama_block_kind),
-    "gla": (GLA_LINEARS, gla_linear_shapes, gla_block_kind),
+from jitllm.core.errors import JitllmError
+from jitllm.ir.block_type import BlockType, Inputs
+from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.gla import GLA
+from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
+from jitllm.ir.head import HEAD
+from jitllm.ir.llama import LLAMA
+from jitllm.ir.ops import functions_for
+
+BLOCK_TYPES: dict[str, BlockType] = {
+    "llama": LLAMA,
+    "gla": GLA,
+    "head": HEAD,
 }
+
+
+def block_type(kind: BlockKind) -> BlockType:
+    return BLOCK_TYPES[kind.kind]
+
+
+def weight_inputs(kind: BlockKind) -> Inputs:
+    """(graph input name, shape, dtype) of every weight of a block kind, in call order."""
+    return block_type(kind).weight_inputs(kind)
+
+
+def activation_inputs(kind: BlockKind) -> Inputs:
+    """The non-weight inputs (symbolic dims by name)."""
+    return block_type(kind).activation_inputs(kind)
+
+
+def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
+    """The ONNX model of one block kind: its type's body over its inputs, with the model-local functions
+    (jitllm.ir.ops) its custom ops call."""
+    g = GraphBuilder()
+    lead = (1, 1) if kind.decode else ("batch", "seq")
+    outputs = block_type(kind).body(g, kind, lead)
+    inputs = [tensor_info(n, d, s) for n, s, d in activation_inputs(kind) + weight_inputs(kind)]
+    graph = helper.make_graph(g.nodes, f"jitllm_{kind.kind}", inputs, outputs)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+        functions=functions_for(g.nodes),
+        producer_name="jitllm",
+        ir_version=9,
+    )
+
+
+def _decoder_type(cfg: ModelConfig, index: int) -> BlockType:
+    """The type of decoder block `index` (one-line errors for unknown or miscounted types)."""
+    check_block_types(cfg)
+    return BLOCK_TYPES[cfg.block_type(index)]
 
 
 def check_block_types(cfg: ModelConfig) -> None:
     """Raise a one-line error when the config's per-block types are unknown or miscounted."""
     if cfg.block_types and len(cfg.block_types) != cfg.num_blocks:
         raise JitllmError(f"config lists {len(cfg.block_types)} block types for {cfg.num_blocks} blocks")
+    decoders = [name for name, t in BLOCK_TYPES.items() if not t.head]
     for i, name in enumerate(cfg.block_types):
-        if name not in BLOCK_TYPES:
-            raise JitllmError(f"block {i} has unknown type {name!r} (known: {', '.join(BLOCK_TYPES)})")
+        if name not in decoders:
+            raise JitllmError(f"block {i} has unknown type {name!r} (known: {', '.join(decoders)})")
 
 
 def block_linear_specs(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int]]:
     """[out, in] of each linear of block `index`, in the block type's order."""
-    check_block_types(cfg)
-    names, shapes, _ = BLOCK_TYPES[cfg.block_type(index)]
-    all_shapes = shapes(cfg)
-    return {n: all_shapes[n] for n in names}
+    t = _decoder_type(cfg, index)
+    shapes = t.linear_shapes(cfg)
+    return {n: shapes[n] for n in t.linear_names}
 
 
 def block_kind(cfg: ModelConfig, index: int, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
     """The BlockKind of block `index` given its linears' weight types."""
-    check_block_types(cfg)
-    return BLOCK_TYPES[cfg.block_type(index)][2](cfg, wtypes, page_size)
+    return _decoder_type(cfg, index).kind(cfg, wtypes, page_size)

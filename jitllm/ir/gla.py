@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import onnx
 
+from jitllm.ir.block_type import RECURRENT, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
-from jitllm.ir.llama import _ffn, _linear, _rms_norm, ffn_linear_shapes
+from jitllm.ir.layers import decoder_weight_inputs, ffn, ffn_linear_shapes, linear, norm
 from jitllm.ir.ops import GATED_RECURRENCE
 
 GLA_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -41,23 +42,55 @@ def state_shape(cfg: ModelConfig, batch: int = 1) -> tuple[int, int, int, int]:
     return (batch, cfg.heads, cfg.head_dim, cfg.head_dim)
 
 
-def gla_body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
+def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
     """Nodes of the GLA block into `g` (inputs x, state and the weights); its outputs y and state_out."""
     c = kind.config
     q_spec, k_spec, v_spec, gate_spec, o_spec, ffn_gate, ffn_up, ffn_down = kind.linears
     heads = g.const([0, 0, c.heads, c.head_dim])
-    h = _rms_norm(g, "x", "attn_norm", c.rms_eps)
-    q = g.op("Mul", g.op("Reshape", _linear(g, h, q_spec), heads), g.const(c.head_dim ** -0.5, "float32"))
-    k = g.op("Reshape", _linear(g, h, k_spec), heads)
-    v = g.op("Reshape", _linear(g, h, v_spec), heads)
-    decay = g.op("Sigmoid", g.op("Reshape", _linear(g, h, gate_spec), heads))
+    h = norm(g, "x", "attn_norm", c.rms_eps)
+    q = g.op("Mul", g.op("Reshape", linear(g, h, q_spec), heads), g.const(c.head_dim ** -0.5, "float32"))
+    k = g.op("Reshape", linear(g, h, k_spec), heads)
+    v = g.op("Reshape", linear(g, h, v_spec), heads)
+    decay = g.op("Sigmoid", g.op("Reshape", linear(g, h, gate_spec), heads))
     mixed, state = g.op(GATED_RECURRENCE, q, k, v, decay, "state", outputs=2, domain=DOMAIN)
     mixed = g.op("Reshape", mixed, g.const([0, 0, c.heads * c.head_dim]))
-    x2 = g.op("Add", "x", _linear(g, mixed, o_spec))
-    g.rename(_ffn(g, x2, c, ffn_gate, ffn_up, ffn_down), "y")
+    x2 = g.op("Add", "x", linear(g, mixed, o_spec))
+    g.rename(ffn(g, x2, c, ffn_gate, ffn_up, ffn_down), "y")
     g.rename(state, "state_out")
     outputs = [
         tensor_info("y", "float32", (*lead, c.hidden)),
         tensor_info("state_out", "float32", (lead[0], c.heads, c.head_dim, c.head_dim)),
     ]
     return outputs
+
+
+class GlaBlock:
+    name = "gla"
+    state = RECURRENT
+    head = False
+    linear_names = GLA_LINEARS
+    fused_parts: dict[str, tuple[str, ...]] = {}
+
+    def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+        return gla_linear_shapes(cfg)
+
+    def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
+        return gla_block_kind(cfg, wtypes, page_size)
+
+    def fused(self, kind: BlockKind) -> BlockKind:
+        return kind
+
+    def weight_inputs(self, kind: BlockKind) -> Inputs:
+        return decoder_weight_inputs(kind)
+
+    def activation_inputs(self, kind: BlockKind) -> Inputs:
+        c = kind.config
+        batch, seq = (1, 1) if kind.decode else ("batch", "seq")
+        return [("x", (batch, seq, c.hidden), "float32"),
+                ("state", (batch, c.heads, c.head_dim, c.head_dim), "float32")]
+
+    def body(self, g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
+        return _body(g, kind, lead)
+
+
+GLA = GlaBlock()

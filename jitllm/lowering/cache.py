@@ -24,8 +24,8 @@ import jitllm
 from jitllm.core.atomic import atomic_path, atomic_write
 from jitllm.core.errors import JitllmError
 from jitllm.core.paths import artifact_cache_dir
+from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
-from jitllm.ir.llama import build_block_graph
 from jitllm.lowering.target import ARTIFACT_SUFFIXES, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1

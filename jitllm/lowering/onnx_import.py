@@ -25,6 +25,8 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.layouts import ROW_GROUP, WEIGHT_TYPES
+from jitllm.ir.block_type import KV_PAGES, RECURRENT
+from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
 from jitllm.ir.ops import (
     EXTRA_INPUTS,
@@ -278,20 +280,21 @@ def _custom_ops(kind: BlockKind, target):
 
 def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     """Import the block graph; `main` takes (activations..., weights...) in graph-input order."""
-    if kind.kind == "gla" and target.recurrence_kernel(kind) is None:
+    state, head = block_type(kind).state, block_type(kind).head
+    if state == RECURRENT and target.recurrence_kernel(kind) is None:
         raise JitllmError(f"target {target.name} has no kernel for gla blocks yet (hybrid models run on llvm)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]
     with _custom_ops(kind, target):
         mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
-    if kind.kind == "llama":
+    if state == KV_PAGES:
         _, func = target.append_kernel(kind)
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
         for name, func in target.page_kernels(kind).items():
             mod[name] = func
     spec = kind.linears[0]
-    helper = None if kind.kind != "head" else (target.argmax_kernel(spec.out_features) if kind.decode else
+    helper = None if not head else (target.argmax_kernel(spec.out_features) if kind.decode else
                                                target.embedding_kernel(spec.wtype, spec.out_features, spec.in_features))
     if helper is not None:
         name = ARGMAX_FUNCTION if kind.decode else EMBED_FUNCTION

@@ -12,8 +12,8 @@ from typing import Protocol
 
 import tvm
 
+from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
-from jitllm.ir.llama import fused_kind
 
 SHARED_LIBRARY = "shared-library"
 """A TVM executable exported as one .so (llvm, cuda)."""
@@ -128,7 +128,7 @@ def kind_for_target(kind: BlockKind, target: Target) -> BlockKind:
     prefill graph's small ops folded into the linears and the rotary op where it folds prefill."""
     if not target.caps.fuse_linears:
         return kind
-    fused = fused_kind(kind)
+    fused = block_type(kind).fused(kind)
     if target.caps.fold_prefill and fused.fused:
         return replace(fused, folded=True)
     return fused

@@ -18,6 +18,8 @@ import numpy as np
 
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.ir.block_type import KV_PAGES, RECURRENT
+from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.target import kind_for_target
@@ -54,6 +56,11 @@ class Unit:
     program: Program
     decode_program: Program | None = None
     """The batch-1, seq-1 variant where the device's target has one (GPU decode steps)."""
+
+    @property
+    def state(self) -> str:
+        """What its block type carries per session (jitllm.ir.block_type: KV pages, recurrent state, none)."""
+        return block_type(self.kind).state
 
     def program_for(self, tokens: int) -> Program:
         return self.decode_program if tokens == 1 and self.decode_program is not None else self.program
@@ -148,7 +155,7 @@ class Executor:
         if key not in self._programs:
             artifact = get_artifact(kind, device.target, self.cache_dir, log=self.log)
             main_appends = kind.decode and device.target.caps.decode_appends_kv
-            page_kernels = kind.kind == "llama" and not main_appends
+            page_kernels = block_type(kind).state == KV_PAGES and not main_appends
             self._programs[key] = device.load(artifact.path, kind, page_kernels)
         return self._programs[key]
 
@@ -178,7 +185,7 @@ class Executor:
         nbytes = sum(self.model.tensors[n].nbytes for n in names)
         device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
         weights = self.upload_weights(index, device, kind)
-        if kind.kind == "llama":
+        if block_type(kind).state == KV_PAGES:
             self.pool(device)
         return Unit(index, kind, device, weights, nbytes, *self.placed(index, device)[1:])
 
@@ -294,7 +301,7 @@ class Executor:
         blocks, and must do so before it)."""
         if positions > session.kv_room:
             for unit in self.blocks:
-                if unit.kind.kind == "llama":
+                if unit.state == KV_PAGES:
                     self._pages_for(session, unit, positions)
             session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
 
@@ -491,7 +498,7 @@ class Executor:
             call(step.upload)
         h = step.x
         for unit in segment.blocks:
-            if unit.kind.kind == "gla":
+            if unit.state == RECURRENT:
                 h = self._recurrent_step(session, unit, h, n)
                 continue
             table = session.tables[unit.index]

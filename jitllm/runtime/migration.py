@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.runtime.device import Device
 from jitllm.runtime.kv_pages import PageTable
 from jitllm.runtime.recurrent import RecurrentState, commit_states, copy_states
@@ -67,7 +68,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         else:  # fused on one side, separate on the other: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
             clock.mark("weights")
-        if unit.kind.kind == "llama":
+        if unit.state == KV_PAGES:
             pool = executor.pool(dest)
             for session in executor.sessions.values():
                 old = session.tables.get(index)
@@ -78,7 +79,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
             for session_id, new in new_tables.items():
                 old = executor.sessions[session_id].tables[index]
                 kv_bytes += _copy_pages(unit.program, program, old, new, source, dest)
-        if unit.kind.kind == "gla":
+        if unit.state == RECURRENT:
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         clock.mark("kv")
         source.synchronize()  # copies with page-locked host memory run asynchronously on the GPU's
@@ -97,7 +98,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         session = executor.sessions[session_id]
         session.tables[index].release()
         session.tables[index] = table
-    if unit.kind.kind == "llama":
+    if unit.state == KV_PAGES:
         for session in executor.sessions.values():
             if index in session.tables and session.id not in new_tables:
                 session.tables[index].release()

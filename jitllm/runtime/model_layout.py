@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
-from jitllm.ir.blocks import block_kind
-from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import FUSED_LINEARS, BlockKind, head_kind, weight_inputs
+from jitllm.ir.blocks import block_kind, block_type, weight_inputs
+from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.head import head_kind
 
 HEAD = "head"
 
@@ -58,12 +58,12 @@ class ModelLayout:
 @functools.lru_cache(maxsize=1024)
 def _block_sources(kind: BlockKind, unit: int) -> tuple[tuple[str, ...], ...]:
     """ModelLayout.weight_sources of a block (~0.1 ms to derive; asked for on every load and move)."""
-    sources = []
+    sources, fused = [], block_type(kind).fused_parts
     for name, _, _ in weight_inputs(kind):
         linear = next((s.name for s in kind.linears if name.startswith(s.name + "_")), None)
         if linear is None:
             sources.append((f"blk.{unit}.{name}",))
         else:
             part = name[len(linear) + 1:]
-            sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in FUSED_LINEARS.get(linear, (linear,))))
+            sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in fused.get(linear, (linear,))))
     return tuple(sources)

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from jitllm.ir.block_type import KV_PAGES
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
 
@@ -78,8 +79,8 @@ class Segment:
 
     @property
     def capturable(self) -> bool:
-        """Llama blocks and the head only (recurrent blocks keep their state's bookkeeping per step)."""
-        return all(unit.kind.kind == "llama" for unit in self.blocks)
+        """Blocks with KV pages and the head only (recurrent blocks keep their state's bookkeeping per step)."""
+        return all(unit.state == KV_PAGES for unit in self.blocks)
 
 
 def segments(blocks: list, head) -> list[Segment]:

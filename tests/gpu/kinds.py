@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, head_kind, llama_block_kind
+from jitllm.ir.head import head_kind
+from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
 from jitllm.lowering.target import kind_for_target
 from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.random_model import PRESETS

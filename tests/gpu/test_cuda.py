@@ -9,7 +9,7 @@ import tvm
 from kinds import gpu_test_kinds
 from reference import block_forward, head_forward, paged_inputs, random_weights
 
-from jitllm.ir.llama import activation_inputs, weight_inputs
+from jitllm.ir.blocks import activation_inputs, weight_inputs
 
 pytestmark = pytest.mark.gpu
 

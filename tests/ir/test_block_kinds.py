@@ -11,16 +11,10 @@ import tvm
 from reference import block_forward, head_forward, paged_inputs, random_weights
 
 from jitllm.core.layouts import WEIGHT_TYPES
+from jitllm.ir.blocks import activation_inputs, build_block_graph, weight_inputs
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import (
-    BLOCK_LINEARS,
-    activation_inputs,
-    build_block_graph,
-    fused_kind,
-    head_kind,
-    llama_block_kind,
-    weight_inputs,
-)
+from jitllm.ir.head import head_kind
+from jitllm.ir.llama import BLOCK_LINEARS, fused_kind, llama_block_kind
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.backends.tvm_tensors import load_program

@@ -9,9 +9,9 @@ import pytest
 import tvm
 from reference import gla_block_forward, random_weights
 
+from jitllm.ir.blocks import activation_inputs, build_block_graph, weight_inputs
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.gla import GLA_LINEARS, gla_block_kind, state_shape
-from jitllm.ir.llama import activation_inputs, build_block_graph, weight_inputs
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.backends.tvm_tensors import load_program

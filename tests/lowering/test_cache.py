@@ -6,7 +6,7 @@ import pytest
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import head_kind
+from jitllm.ir.head import head_kind
 from jitllm.lowering.cache import artifact_key, cache_policy, get_artifact
 from jitllm.lowering.targets.llvm import LlvmTarget
 

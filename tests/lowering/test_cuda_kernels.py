@@ -62,7 +62,8 @@ def test_narrow_prefill_gemms_split_k_and_a_kernel_adds_the_splits():
     """Outputs narrower than 8192 take 128 x 128 tiles with K split: over 4 where K >= 8192 (any weight
     type), over 2 for f16 weights; the GEMM then stores [splits, M, N] and takes no residual, and the sum
     kernel adds the splits and the residual. The imported block calls the three kernels in turn."""
-    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, llama_block_kind
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
     from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.lowering.target import kind_for_target
@@ -85,7 +86,9 @@ def test_narrow_prefill_gemms_split_k_and_a_kernel_adds_the_splits():
 
 
 def test_gpu_heads_carry_an_embedding_gather_and_the_greedy_pick():
-    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, head_kind, llama_block_kind
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.head import head_kind
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
     from jitllm.lowering import ARGMAX_FUNCTION, EMBED_FUNCTION
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.random_model import PRESETS
@@ -117,7 +120,8 @@ def test_fused_decode_steps_rotate_inside_the_split_attention():
     workspace; the prefill kind and an unfused decode variant keep the rotary kernel or ops and the plain
     split kernel. Neither decode variant has a merge kernel: the chunks' last block merges, counted in on
     the module's constant counters (zeros, one per KV head)."""
-    from jitllm.ir.llama import BLOCK_LINEARS, build_block_graph, fused_kind, llama_block_kind
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.llama import BLOCK_LINEARS, fused_kind, llama_block_kind
     from jitllm.lowering.onnx_import import to_relax
     from jitllm.lowering.target import kind_for_target
     from jitllm.random_model import PRESETS

@@ -1,0 +1,56 @@
+"""The BlockType protocol: what a kind of block is, declared in one object (its linears, weight and
+activation inputs, graph body, and the state it carries between steps), so the compiler and the engine
+ask the type instead of comparing names. Types live one per module (llama.py, gla.py, head.py) and in
+one registry (blocks.py)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import onnx
+
+from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.graph import GraphBuilder
+
+KV_PAGES = "kv-pages"
+"""Per session, KV pages in the device's pool, listed by a page table (attention)."""
+RECURRENT = "recurrent"
+"""Per session, one fixed-size state tensor updated in place (jitllm.runtime.recurrent)."""
+NO_STATE = "none"
+"""Nothing kept between steps (the head)."""
+
+Inputs = list[tuple[str, tuple, str]]
+"""(graph input name, shape with symbolic dims by name, dtype)."""
+
+
+class BlockType(Protocol):
+    name: str
+    """The kind's `BlockKind.kind`, and its name in ModelConfig.block_types."""
+    state: str
+    """KV_PAGES, RECURRENT or NO_STATE."""
+    head: bool
+    """It ends the model: final norm and the projection to logits (never one of the decoder blocks)."""
+    linear_names: tuple[str, ...]
+    """Its linears as the model file names them, in order."""
+    fused_parts: dict[str, tuple[str, ...]]
+    """Linears a fused kind stacks along their rows (fused name -> the file's linears it is made of)."""
+
+    def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+        """[out, in] of each of its linears."""
+        ...
+
+    def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
+        """The kind of a block of this type whose linears are stored as `wtypes`."""
+        ...
+
+    def fused(self, kind: BlockKind) -> BlockKind:
+        """The kind with linears that share an input stacked into one (itself where it has none to stack)."""
+        ...
+
+    def weight_inputs(self, kind: BlockKind) -> Inputs: ...
+
+    def activation_inputs(self, kind: BlockKind) -> Inputs: ...
+
+    def body(self, g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
+        """Its nodes into `g`, reading its activation and weight inputs by name; its outputs' infos."""
+        ...

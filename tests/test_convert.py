@@ -105,7 +105,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
              arch: str = "LlamaForCausalLM") -> Path:
     """The HF directory of the same model: q/k rows back in HF's half-split order, two shards."""
-    from jitllm.tokenizer import tokenizer_json_from_gguf
+    from jitllm.tokenizer import gguf_tokenizer
 
     path.mkdir()
     meta = tiny_tokenizer_metadata()
@@ -115,7 +115,7 @@ def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] |
         "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": VOCAB,
         "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": tied, "eos_token_id": 2}))
-    (path / "tokenizer.json").write_text(tokenizer_json_from_gguf(meta))
+    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
     (path / "tokenizer_config.json").write_text(json.dumps({
         "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
         "eos_token": {"content": "<|im_end|>"}}))

@@ -109,6 +109,11 @@ def test_chat_template_renders_and_reports_problems():
     failing = Tokenizer.from_header(tiny_header(chat_template="{{ raise_exception('roles must alternate') }}"))
     with pytest.raises(JitllmError, match="roles must alternate"):
         failing.apply_chat_template([])
+    for template, message in (("{% tool %}{% endtool %}", "does not compile: Encountered unknown tag 'tool'"),
+                              ("{% for t in tools %}{% endfor %}", "TypeError: 'NoneType' object is not iterable")):
+        with pytest.raises(JitllmError, match=message) as e:
+            Tokenizer.from_header(tiny_header(chat_template=template)).apply_chat_template([])
+        assert "\n" not in str(e.value)
     eos = Tokenizer.from_header(tiny_header(chat_template="{{ bos_token }}{{ messages | tojson }}{{ eos_token }}"))
     assert eos.apply_chat_template([{"role": "user", "content": "é<"}]) == \
         '<|im_start|>[{"role": "user", "content": "é<"}]<|im_end|>'

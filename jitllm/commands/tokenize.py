@@ -15,7 +15,7 @@ from jitllm.commands.common import opt
 @opt("parse-special", "parse_special", is_flag=True, help="match special tokens written in TEXT (<|im_start|>, ...)")
 def tokenize(model: str, text: str, ids: bool, no_bos: bool, parse_special: bool) -> None:
     """Tokenize TEXT with the tokenizer of MODEL (a .jlm, or a GGUF file: vocabulary-only ones too)."""
-    from jitllm.convert.model_tokenizer import load_tokenizer
+    from jitllm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
     tokens = tok.encode(text, add_special=not no_bos, parse_special=parse_special)

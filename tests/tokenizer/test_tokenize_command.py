@@ -11,9 +11,8 @@ from llama_cpp_data import vocab_cases
 from test_cli import jitllm
 
 from jitllm.cli import main
-from jitllm.convert.gguf_metadata import read_gguf_metadata
 from jitllm.core.jlm import JlmFile
-from jitllm.tokenizer import Tokenizer
+from jitllm.tokenizer import Tokenizer, read_gguf_metadata
 
 LINE = re.compile(r" *(\d+) -> '(.*)'")
 

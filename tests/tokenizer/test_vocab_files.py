@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 from llama_cpp_data import vocab_cases
 
-from jitllm.convert.gguf_metadata import read_gguf_metadata
-from jitllm.convert.model_tokenizer import load_tokenizer
 from jitllm.core.errors import JitllmError
-from jitllm.tokenizer import Tokenizer, header_from_gguf
+from jitllm.tokenizer import Tokenizer, header_from_gguf, load_tokenizer, read_gguf_metadata
 
 SUPPORTED = ["command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt",
              "phi-3", "qwen2", "qwen35", "refact", "starcoder"]

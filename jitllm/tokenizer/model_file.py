@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from jitllm.core.jlm import JlmFile
-from jitllm.tokenizer import Tokenizer
 
 from .gguf_metadata import read_gguf_metadata
+from .runtime import Tokenizer
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -55,7 +55,7 @@ def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
-               arch: str = "llama") -> Path:
+               arch: str = "llama", pre: str = "smollm") -> Path:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(BLOCKS)
     w.add_context_length(256)
@@ -66,7 +66,7 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str]
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(100000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    meta = tiny_tokenizer_metadata()
+    meta = tiny_tokenizer_metadata(pre)
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
@@ -293,6 +293,8 @@ BAD_SOURCES = {
     "arch": (lambda t: write_gguf(t / "m.gguf", float_weights(True), arch="qwen2"), "unsupported architecture 'qwen2'"),
     "type": (lambda t: write_gguf(t / "m.gguf", float_weights(True), {"blk.0.ffn_down": "Q5_0"}),
              r"blk\.0\.ffn_down\.weight: tensor type Q5_0 is not supported \(F32, F16, BF16, Q8_0"),
+    "pre-tokenizer": (lambda t: write_gguf(t / "m.gguf", float_weights(True), pre="deepseek-v3"),
+                      r"pre-tokenizer 'deepseek-v3' \(tokenizer.ggml.pre\) is not supported; supported: "),
     "truncated in metadata": (lambda t: _truncated(t, 0.05), "truncated or corrupt GGUF"),
     "truncated in tensors": (lambda t: _truncated(t, 0.5), "truncated or corrupt GGUF"),
     "truncated at the end": (lambda t: _truncated(t, 0.9999), "truncated or corrupt GGUF"),

@@ -10,7 +10,7 @@ from .gguf_metadata import read_gguf_metadata
 from .gguf_vocab import CONTROL, gguf_tokenizer, header_from_gguf
 from .model_file import load_tokenizer
 from .runtime import StreamDecoder, Tokenizer
-from .stop_tokens import END_TOKENS, stop_token_ids
+from .stop_tokens import stop_token_ids
 
-__all__ = ["CONTROL", "END_TOKENS", "StreamDecoder", "Tokenizer", "gguf_tokenizer", "header_from_gguf",
-           "load_tokenizer", "read_gguf_metadata", "stop_token_ids"]
+__all__ = ["CONTROL", "StreamDecoder", "Tokenizer", "gguf_tokenizer", "header_from_gguf", "load_tokenizer",
+           "read_gguf_metadata", "stop_token_ids"]

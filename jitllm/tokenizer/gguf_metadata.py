@@ -1,8 +1,9 @@
 """A GGUF file's metadata (its key-value section), read straight from a memory map.
 
 gguf's GGUFReader makes numpy views of every string, which takes ~25 s for a 256k-token vocabulary;
-this reads the same values in well under a second (tensors are still GGUFReader's, convert/gguf_source.py). Format: "GGUF", u32 version, u64 tensor count,
-u64 key count, then per key a string (u64 length + UTF-8), a u32 value type and the value.
+this reads the same values in well under a second (convert/gguf_source.py still reads tensors with
+GGUFReader). Format: "GGUF", u32 version, u64 tensor count, u64 key count, then per key a string
+(u64 length + UTF-8), a u32 value type and the value.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def token_settings(metadata: Mapping[str, Any], tok: tokenizers.Tokenizer) -> di
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     ends = [int(metadata[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
     # Without the key, llama.cpp's default: SentencePiece and Llama-3-style vocabularies start with BOS.
-    adds_bos = metadata.get("tokenizer.ggml.model") == "llama" or split_rule(metadata.get("tokenizer.ggml.pre")).adds_bos
+    model, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
+    adds_bos = model == "llama" or split_rule(pre).adds_bos
     return {"chat_template": metadata.get("tokenizer.chat_template"),
             "bos_token_id": None if bos is None else int(bos), "eos_token_id": eos,
             "stop_token_ids": stop_token_ids(tok, [eos, *ends]),
@@ -89,9 +90,9 @@ def _sentencepiece(metadata: Mapping[str, Any], tokens: list[str]) -> tokenizers
     tok = tokenizers.Tokenizer(models.BPE(
         vocab=vocab, merges=_merges_by_score(tokens, _required(metadata, "tokenizer.ggml.scores"), vocab),
         unk_token=tokens[unk] if 0 <= unk < len(tokens) else None, fuse_unk=True, byte_fallback=True))
-    # llama.cpp puts a space before each run of text that starts the input or follows a special token
-    # (a normalizer runs on each such run), then writes every space as U+2581; decoding drops that
-    # first space again.
+    # llama.cpp puts a space before each run of text that starts the input or follows a matched special
+    # or user-defined token (a normalizer runs on each such run), then writes every space as U+2581;
+    # decoding drops that first space again.
     prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     tok.normalizer = normalizers.Sequence(
         ([normalizers.Prepend(SPACE)] if prefix else []) + [normalizers.Replace(" ", SPACE)])

@@ -46,8 +46,9 @@ def test_ids_follow_the_vocab_file_and_its_bos(llama_cpp_models, tmp_path):
 
 def test_special_tokens_are_text_unless_parsed(llama_cpp_models):
     gguf = llama_cpp_models / "ggml-vocab-llama-spm.gguf"
-    eos = read_gguf_metadata(gguf)["tokenizer.ggml.eos_token_id"]
-    eos_text = read_gguf_metadata(gguf)["tokenizer.ggml.tokens"][eos]
+    meta = read_gguf_metadata(gguf)
+    eos = meta["tokenizer.ggml.eos_token_id"]
+    eos_text = meta["tokenizer.ggml.tokens"][eos]
     assert tokenize(str(gguf), eos_text, "-ids", "-no-bos", "-parse-special").stdout == f"{[eos]}\n"
     plain = tokenize(str(gguf), eos_text, "-ids", "-no-bos")
     assert plain.exit_code == 0 and str(eos) not in plain.stdout.strip("[]\n").split(", ")
@@ -68,7 +69,8 @@ def test_pieces_spell_the_text(llama_cpp_models, name, prefix):
 def test_a_jlm_tokenizes_with_its_header(tiny_model):
     out = tokenize(str(tiny_model), "hello world", "-ids")
     assert out.exit_code == 0, out.stderr
-    assert out.stdout == f"{Tokenizer.from_header(JlmFile(tiny_model).header).encode('hello world', parse_special=False)}\n"
+    expected = Tokenizer.from_header(JlmFile(tiny_model).header).encode("hello world", parse_special=False)
+    assert out.stdout == f"{expected}\n"
 
 
 @pytest.mark.parametrize("case, needle", [

@@ -4,6 +4,8 @@ one line. The expected ids are llama.cpp's, made by each model's own Hugging Fac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from llama_cpp_data import vocab_cases
 
@@ -23,7 +25,7 @@ WITHOUT_IDS = ["baichuan"]
 """SentencePiece vocabularies that load but have no .inp/.out: only round trips are checked."""
 
 
-def vocab(models, name: str):
+def vocab(models: Path, name: str) -> Path:
     return models / f"ggml-vocab-{name}.gguf"
 
 
@@ -33,7 +35,8 @@ def mismatches(tok: Tokenizer, cases: list[tuple[str, list[int]]]) -> list[tuple
 
 
 def test_every_vocab_file_is_listed(llama_cpp_models):
-    found = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf") for p in llama_cpp_models.glob("ggml-vocab-*.gguf")}
+    found = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
+             for p in llama_cpp_models.glob("ggml-vocab-*.gguf")}
     assert found == {*SUPPORTED, *REFUSED, *WITHOUT_IDS}
     with_ids = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf.out") for p in llama_cpp_models.glob("*.out")}
     assert set(SUPPORTED) <= with_ids

@@ -5,6 +5,7 @@ from jitllm.commands.convert import convert
 from jitllm.commands.hardware import hardware
 from jitllm.commands.run import run
 from jitllm.commands.speed import speed
+from jitllm.commands.tokenize import tokenize
 from jitllm.commands.verify import verify
 
-COMMANDS = [run, convert, compile_command, verify, speed, hardware]
+COMMANDS = [run, convert, compile_command, verify, speed, hardware, tokenize]

@@ -31,7 +31,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
 def test_help_lists_the_verbs(cache_dir):
     out = jitllm("--help", cache=cache_dir)
     assert out.returncode == 0
-    for verb in ("run", "convert", "compile", "verify", "speed", "hardware"):
+    for verb in ("run", "convert", "compile", "verify", "speed", "hardware", "tokenize"):
         assert verb in out.stdout
 
 

@@ -55,7 +55,7 @@ def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
-               arch: str = "llama") -> Path:
+               arch: str = "llama", pre: str = "smollm") -> Path:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(BLOCKS)
     w.add_context_length(256)
@@ -66,7 +66,7 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str]
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(100000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    meta = tiny_tokenizer_metadata()
+    meta = tiny_tokenizer_metadata(pre)
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
@@ -105,7 +105,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
              arch: str = "LlamaForCausalLM") -> Path:
     """The HF directory of the same model: q/k rows back in HF's half-split order, two shards."""
-    from jitllm.tokenizer import tokenizer_json_from_gguf
+    from jitllm.tokenizer import gguf_tokenizer
 
     path.mkdir()
     meta = tiny_tokenizer_metadata()
@@ -115,7 +115,7 @@ def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] |
         "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": VOCAB,
         "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": tied, "eos_token_id": 2}))
-    (path / "tokenizer.json").write_text(tokenizer_json_from_gguf(meta))
+    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
     (path / "tokenizer_config.json").write_text(json.dumps({
         "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
         "eos_token": {"content": "<|im_end|>"}}))
@@ -293,6 +293,8 @@ BAD_SOURCES = {
     "arch": (lambda t: write_gguf(t / "m.gguf", float_weights(True), arch="qwen2"), "unsupported architecture 'qwen2'"),
     "type": (lambda t: write_gguf(t / "m.gguf", float_weights(True), {"blk.0.ffn_down": "Q5_0"}),
              r"blk\.0\.ffn_down\.weight: tensor type Q5_0 is not supported \(F32, F16, BF16, Q8_0"),
+    "pre-tokenizer": (lambda t: write_gguf(t / "m.gguf", float_weights(True), pre="deepseek-v3"),
+                      r"pre-tokenizer 'deepseek-v3' \(tokenizer.ggml.pre\) is not supported; supported: "),
     "truncated in metadata": (lambda t: _truncated(t, 0.05), "truncated or corrupt GGUF"),
     "truncated in tensors": (lambda t: _truncated(t, 0.5), "truncated or corrupt GGUF"),
     "truncated at the end": (lambda t: _truncated(t, 0.9999), "truncated or corrupt GGUF"),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import tokenizers
 
 from jitllm.core.errors import JitllmError
-from jitllm.tokenizer import CONTROL, StreamDecoder, Tokenizer, stop_token_ids, tokenizer_json_from_gguf
+from jitllm.tokenizer import CONTROL, StreamDecoder, Tokenizer, gguf_tokenizer, stop_token_ids
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
           "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -41,7 +40,7 @@ def tiny_tokenizer_metadata(pre: str = "smollm") -> dict:
 
 
 def tiny_header(**overrides) -> dict:
-    header = {"tokenizer": tokenizer_json_from_gguf(tiny_tokenizer_metadata()), "chat_template": CHATML,
+    header = {"tokenizer": gguf_tokenizer(tiny_tokenizer_metadata()).to_str(), "chat_template": CHATML,
               "bos_token_id": 1, "eos_token_id": 2, "stop_token_ids": [2, 0], "add_bos": False}
     header.update(overrides)
     return header
@@ -65,7 +64,7 @@ def test_add_bos_only_when_the_model_wants_it():
 
 def test_pre_tokenizers_follow_llama_cpp():
     def pieces(pre: str, text: str) -> list[str]:
-        tok = tokenizers.Tokenizer.from_str(tokenizer_json_from_gguf(tiny_tokenizer_metadata(pre)))
+        tok = gguf_tokenizer(tiny_tokenizer_metadata(pre))
         return [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
 
     assert pieces("smollm", "ab 123") == ["ab", "Ġ", "1", "2", "3"]
@@ -74,15 +73,20 @@ def test_pre_tokenizers_follow_llama_cpp():
 
 
 def test_stop_tokens_are_eos_then_end_of_turn_specials():
-    tok = tokenizers.Tokenizer.from_str(tokenizer_json_from_gguf(tiny_tokenizer_metadata()))
+    tok = gguf_tokenizer(tiny_tokenizer_metadata())
     assert stop_token_ids(tok, [2]) == [2, 0]
     assert stop_token_ids(tok, [5, 2]) == [5, 2, 0]
 
 
-def test_unsupported_tokenizer_model_is_named():
-    meta = dict(tiny_tokenizer_metadata(), **{"tokenizer.ggml.model": "llama"})
-    with pytest.raises(JitllmError, match="tokenizer model 'llama' is not supported"):
-        tokenizer_json_from_gguf(meta)
+@pytest.mark.parametrize("change, message", [
+    ({"tokenizer.ggml.model": "bert"}, r"tokenizer model 'bert' .* supported: 'gpt2' .*, 'llama'"),
+    ({"tokenizer.ggml.pre": "deepseek-v3"}, r"pre-tokenizer 'deepseek-v3' .* supported: .*llama-bpe.*qwen2"),
+    ({"tokenizer.ggml.pre": None}, r"lacks tokenizer.ggml.pre"),
+    ({"tokenizer.ggml.merges": None}, r"lacks tokenizer.ggml.merges"),
+])
+def test_unsupported_tokenizers_are_named_never_guessed(change, message):
+    with pytest.raises(JitllmError, match=message):
+        gguf_tokenizer(dict(tiny_tokenizer_metadata(), **change))
 
 
 def test_stream_decoder_holds_back_split_characters():
@@ -105,6 +109,11 @@ def test_chat_template_renders_and_reports_problems():
     failing = Tokenizer.from_header(tiny_header(chat_template="{{ raise_exception('roles must alternate') }}"))
     with pytest.raises(JitllmError, match="roles must alternate"):
         failing.apply_chat_template([])
+    for template, message in (("{% tool %}{% endtool %}", "does not compile: Encountered unknown tag 'tool'"),
+                              ("{% for t in tools %}{% endfor %}", "TypeError: 'NoneType' object is not iterable")):
+        with pytest.raises(JitllmError, match=message) as e:
+            Tokenizer.from_header(tiny_header(chat_template=template)).apply_chat_template([])
+        assert "\n" not in str(e.value)
     eos = Tokenizer.from_header(tiny_header(chat_template="{{ bos_token }}{{ messages | tojson }}{{ eos_token }}"))
     assert eos.apply_chat_template([{"role": "user", "content": "é<"}]) == \
         '<|im_start|>[{"role": "user", "content": "é<"}]<|im_end|>'

@@ -12,12 +12,11 @@ from typing import Any
 
 import gguf
 import numpy as np
-import tokenizers
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.quant import parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig
-from jitllm.tokenizer import stop_token_ids, tokenizer_json_from_gguf
+from jitllm.tokenizer import header_from_gguf
 
 ARCHITECTURES = ("llama", "mistral")
 # GGML tensor type -> the jitllm weight type it keeps when no -dtype is given
@@ -44,7 +43,7 @@ class GgufSource:
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
         self.config = self._config(arch)
-        self.tokenizer_meta = self._tokenizer_meta()
+        self.tokenizer_meta = header_from_gguf(self.metadata)
 
     def tensor_name(self, name: str) -> str:
         return f"{name}.weight"
@@ -98,17 +97,6 @@ class GgufSource:
             rope_theta=_f32(self.metadata.get(p + "rope.freq_base", 10000.0)),
             rms_eps=_f32(self._get(p + "attention.layer_norm_rms_epsilon")),
             tied_head="output.weight" not in self._tensors)
-
-    def _tokenizer_meta(self) -> dict:
-        text = tokenizer_json_from_gguf(self.metadata)
-        eos = int(self._get("tokenizer.ggml.eos_token_id"))
-        bos = self.metadata.get("tokenizer.ggml.bos_token_id")
-        ends = [int(self.metadata[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-                if k in self.metadata]
-        return {"tokenizer": text, "chat_template": self.metadata.get("tokenizer.chat_template"),
-                "bos_token_id": None if bos is None else int(bos), "eos_token_id": eos,
-                "stop_token_ids": stop_token_ids(tokenizers.Tokenizer.from_str(text), [eos, *ends]),
-                "add_bos": bool(self.metadata.get("tokenizer.ggml.add_bos_token", False))}
 
 
 def _f32(value: float) -> float:

@@ -36,7 +36,7 @@ def main() -> None:
 
     import jitllm.model as jm
     from jitllm.default_model import default_gguf_path, default_model_path
-    from jitllm.runtime.generation import GenerationStats, generate_ids
+    from jitllm.runtime.engine.generation import GenerationStats, generate_ids
     from jitllm.runtime.sampling import Sampler, SamplingParams
 
     gguf = default_gguf_path()

@@ -3,7 +3,7 @@
     python bench/cpu_profile.py [-jlm PATH] [-threads 2] [-steps 64] [-kernels fast] [-cache DIR] [-dump FILE] [-py-spy]
 
 Loads the model on the host (`jitllm.model.load`, devices=cpu), prefills a short chat prompt, warms up,
-then runs decode steps exactly as jitllm/runtime/generation.py does: `token = sampler(logits)` followed by
+then runs decode steps exactly as jitllm/runtime/engine/generation.py does: `token = sampler(logits)` followed by
 `logits = executor.forward(session, [token])`, with `jitllm run`'s default sampling (temperature 0.8,
 top-k 40, top-p 0.95; seeded). Stop tokens are ignored so every run makes the same number of steps.
 

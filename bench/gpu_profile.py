@@ -23,8 +23,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from gpu_decode import random_model
+
     from jitllm.model import load
-    from jitllm.runtime.kv_pages import PageTable
+    from jitllm.runtime.engine.kv_pages import PageTable
 
     with tempfile.TemporaryDirectory() as tmp:
         path, _ = random_model(args.preset, args.wtype, tmp)
@@ -77,8 +78,8 @@ def main() -> None:
     past = session.length
     table: PageTable = session.tables[0]
     x = dev.upload(rng.standard_normal((1, 1, ex.layout.config.hidden)).astype(np.float32))
-    cos = dev.upload(ex._cos[past:past + 1][None])
-    sin = dev.upload(ex._sin[past:past + 1][None])
+    cos = dev.upload(ex.rope[0][past:past + 1][None])
+    sin = dev.upload(ex.rope[1][past:past + 1][None])
     past_t = dev.upload(np.array([past], np.int32))
     call = (x, cos, sin, ex.pools[dev.name].pages, table.tensor(), past_t, *unit.weights)
     print(f"one block main(): {_time_main(dev, unit.program_for(1), call, 20):.1f} us (async launches + sync)")
@@ -113,7 +114,7 @@ def main() -> None:
         table.ensure(args.prefill)
         n = args.prefill
         x = dev.upload(rng.standard_normal((1, n, ex.layout.config.hidden)).astype(np.float32))
-        call = (x, dev.upload(ex._cos[:n][None]), dev.upload(ex._sin[:n][None]), ex.pools[dev.name].pages,
+        call = (x, dev.upload(ex.rope[0][:n][None]), dev.upload(ex.rope[1][:n][None]), ex.pools[dev.name].pages,
                 table.tensor(), dev.upload(np.array([0], np.int32)), *unit.weights)
         artifact = get_artifact(ex.kind_on(0, dev), unit.device.target, args.cache)
         vm = tvm.runtime.vm.VirtualMachine(tvm.runtime.load_module(str(artifact.path)), dev.backend.tvm_device)

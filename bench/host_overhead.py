@@ -28,8 +28,7 @@ def main() -> None:
 
     from jitllm.model import load
     from jitllm.random_model import PRESETS, write_random_model
-    from jitllm.runtime.backends.fake import simulated_device
-    from jitllm.runtime.backends.fake import ReplayRecorder
+    from jitllm.runtime.backends.fake import ReplayRecorder, simulated_device
 
     class Stubbed(ReplayRecorder):
         def capture(self, body):

@@ -79,7 +79,7 @@ def main() -> None:
     from jitllm.model import load
     from jitllm.random_model import PRESETS, write_random_model
     from jitllm.runtime.backends.fake import simulated_device
-    from jitllm.runtime.kv_pages import PageTable
+    from jitllm.runtime.engine.kv_pages import PageTable
 
     histories = [int(h) for h in args.history.split(",")]
     print(f"{'shape':<14} {'history':>7} {'direction':<18} {'weights MiB':>11} {'KV MiB':>8} "

@@ -1,29 +1,29 @@
-"""The public Python API: load a .jlm onto devices, generate text; placement helpers mirror the CLI."""
+"""The public Python API: open a .jlm on devices (`load`, options as in LoadOptions), generate text, move
+blocks while generating; placement helpers mirror the CLI. The CLI and the server call these functions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
-from jitllm.ir.block_type import KV_PAGES
-from jitllm.runtime.backends.buffer_pool import pool_from_env
-from jitllm.runtime.backends.host import HOST, host_device
+from jitllm.runtime.backends.host import HOST
 from jitllm.runtime.device import Device
-from jitllm.runtime.executor import Executor, Session
-from jitllm.runtime.generation import GenerationStats, generate_ids
-from jitllm.runtime.migration import MoveReport, move_unit, move_units
-from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.engine.generation import GenerationStats, generate_ids
+from jitllm.runtime.engine.migration import MoveReport, fall_back_to_host, move_units, relocate
+from jitllm.runtime.engine.session import Session
+from jitllm.runtime.loading import LoadOptions, open_model
+from jitllm.runtime.model_layout import ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, parse_placement, with_placement
-from jitllm.runtime.planner import Plan, plan
+from jitllm.runtime.planner import Plan
 from jitllm.runtime.sampling import Sampler, SamplingParams
 from jitllm.runtime.seam_tuning import SeamTuner
 
-__all__ = ["Model", "load", "Placement", "PlacementOption", "parse_placement", "with_placement", "SamplingParams"]
-
-DEFAULT_CTX = 4096
+__all__ = ["Model", "load", "load_with", "LoadOptions", "Placement", "PlacementOption", "parse_placement",
+           "with_placement", "SamplingParams"]
 
 
 @dataclass
@@ -63,11 +63,7 @@ class Model:
 
     def relocate_from(self, device: Device, error: Exception) -> None:
         """-relocate: the device cannot grow the context; hand its last unpinned block to the host."""
-        candidates = [u for u in self.executor.blocks if u.device is device and not self.plan.blocks[u.index].pinned]
-        candidates = [u for u in candidates if u.state == KV_PAGES] or candidates  # (blocks that hold pages)
-        if not candidates:
-            raise JitllmError(f"{device.name}: the context cannot grow ({error}) and every block there is pinned")
-        report = move_unit(self.executor, candidates[-1].index, self.devices[HOST])
+        report = relocate(self.executor, self.plan, device, self.devices[HOST], error)
         self._log("relocated: " + report.describe())
 
     def new_session(self) -> Session:
@@ -79,22 +75,9 @@ class Model:
         return move_units(self, f"{blocks}={target}")
 
     def fall_back_to_host(self) -> list[str]:
-        """Bring every unit home after a device failure, dropping KV held on devices (recomputed later)."""
-        host = self.devices[HOST]
-        moved = []
-        for unit in [*self.executor.blocks, self.executor.head]:
-            if unit.device is not host:
-                for session in self.executor.sessions.values():
-                    self.executor.reset_session(session)
-                moved.append(unit.device.name)
-                unit.device.release(unit.nbytes)
-                host.reserve(unit.nbytes, "weights")
-                unit.kind = self.executor.kind_on(unit.index, host)
-                unit.weights = self.executor.upload_weights(unit.index, host)
-                unit.program, unit.decode_program = self.executor.programs(unit.kind, host)
-                unit.device = host
-        self.executor.drop_graphs()  # (and the segments: every unit is home)
-        return sorted(set(moved))
+        """Bring every unit home after a device failure, dropping KV held on devices (recomputed later);
+        the devices left, by name."""
+        return fall_back_to_host(self.executor, self.devices[HOST])
 
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
@@ -151,70 +134,28 @@ class Model:
                 self.executor.close_session(session)
 
 
-def load(path: str | Path, devices: str = "auto", vram: str | None = None,
-         placement: PlacementOption | Placement | str | None = None, gpu_layers: int | None = None,
-         ctx: int | None = None, cache_dir: str | Path | None = None,
-         log: Callable[[str], None] | None = None, no_gpu_fallback: bool = False,
-         extra_devices: list[Device] | None = None, cpu_kernels: str = "fast", relocate: bool = True,
-         gpu_grow: bool = False, tune_seam: bool = False, gpu_kernels: str = "fast") -> Model:
-    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts.
+def load(path: str | Path, **options) -> Model:
+    """Open a .jlm on devices: `options` are LoadOptions' fields (devices="auto", ctx, cpu_kernels, ...)."""
+    unknown = set(options) - {f.name for f in fields(LoadOptions)}
+    if unknown:
+        raise TypeError(f"load() got unknown options: {', '.join(sorted(unknown))}")
+    if "extra_devices" in options:
+        options["extra_devices"] = tuple(options["extra_devices"] or ())
+    return load_with(path, LoadOptions(**options))
 
-    `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated
-    devices standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast"
-    (int8-quantized activations, llama.cpp's trick) or "exact" (f32 activations); `gpu_kernels` the same
-    for the GPUs' decode matvecs over quantized weights (jitllm.lowering.targets.cuda.CudaTarget). `relocate`: when a
-    device cannot grow the context, hand its last block to the host instead of failing. `gpu_grow`:
-    start on the host and move one block per generated token to where the plan puts it. `tune_seam`:
-    time a few seams while generating and keep the fastest (see runtime/seam_tuning.py)."""
-    from jitllm.runtime.backends import link_peers, make_device
-    from jitllm.runtime.device_spec import parse_devices
+
+def load_with(path: str | Path, options: LoadOptions) -> Model:
+    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts."""
     from jitllm.tokenizer import Tokenizer
 
-    file = JlmFile(path)
-    layout = ModelLayout.from_file(file)
-    tokenizer = Tokenizer.from_header(file.header)
-    choices = []
-    if devices.strip().lower() != "cpu":
-        from jitllm.runtime.inventory import detect_inventory
-
-        choices = parse_devices(devices, detect_inventory(), vram)
-    option = placement if isinstance(placement, PlacementOption) or placement is None else with_placement(placement)
-    if option is not None:
-        option.placement.validate(layout.config.num_blocks, {a for c in choices for a in c.aliases} | {HOST})
-    block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
-    the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices,
-                    option.placement if option else None, gpu_layers, option.strict if option else False, host_name=HOST)
-    if log:
-        log(the_plan.describe())
-    devs: dict[str, Device] = {HOST: host_device(cpu_kernels)}
-    for choice in choices:
-        devs[choice.name] = make_device(choice, cpu_kernels, gpu_kernels)
-    for extra in extra_devices or []:
-        devs[extra.name.lower()] = extra
-    devs[HOST].allocator = next((d.host_allocator for d in devs.values() if d.host_allocator is not None), None)
-    if devs[HOST].allocator is not None:  # page-locked: weights leaving the host are kept for the next to arrive
-        devs[HOST].weight_pool = pool_from_env()
-    linked = link_peers(list(devs.values()))
-    if log and linked is not None:
-        log("peer access: " + (", ".join(f"{a} -> {b}" for a, b in linked) or "none (copies between cards go through the host)"))
-    where = {i: devs[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
-    where[HEAD] = devs[the_plan.head.device]
-    grow: list[tuple[int | str, str]] = []
-    if gpu_grow:
-        for index, assignment in [*enumerate(the_plan.blocks), (HEAD, the_plan.head)]:
-            if assignment.device != HOST and not assignment.pinned:
-                grow.append((index, assignment.device))
-                where[index] = devs[HOST]
-    context = min(ctx or DEFAULT_CTX, layout.config.context)
-    if context < 1:
-        raise JitllmError(f"context must be at least 1 token (got {ctx})")
-    executor = Executor(file, layout, where, context, cache_dir=Path(cache_dir) if cache_dir else None, log=log)
-    model = Model(Path(path), file, layout, the_plan, devs, executor, tokenizer, no_gpu_fallback=no_gpu_fallback,
-                  log=log, grow_queue=grow)
-    if relocate:
-        executor.relocate = model.relocate_from
-    if tune_seam:
-        model.tuner = seam_tuner(the_plan)
+    opened = open_model(path, options)
+    tokenizer = Tokenizer.from_header(opened.file.header)
+    model = Model(Path(path), opened.file, opened.layout, opened.plan, opened.devices, opened.executor, tokenizer,
+                  no_gpu_fallback=options.no_gpu_fallback, log=options.log, grow_queue=opened.grow_queue)
+    if options.relocate:
+        opened.executor.relocate = model.relocate_from
+    if options.tune_seam:
+        model.tuner = seam_tuner(opened.plan)
     return model
 
 

@@ -63,7 +63,7 @@ def decode_speed(model, tokens: int, reps: int, history: int = 0) -> SpeedResult
         session = ex.new_session()
         if history:
             for unit in ex.blocks:
-                ex._pages_for(session, unit, history + tokens + 1)
+                ex.pages_for(session, unit, history + tokens + 1)
             session.length = history
         token = ex.next_token(session, _prompt(1, ex.layout.config.vocab, rep))
         start = time.perf_counter()

@@ -91,7 +91,7 @@ def test_imports_follow_the_rules():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("import jitllm.runtime.executor\n", [(1, "jitllm.runtime.executor")]),
+    ("import jitllm.runtime.engine.executor\n", [(1, "jitllm.runtime.engine.executor")]),
     ("def f():\n    from jitllm.lowering import cache\n", [(2, "jitllm.lowering")]),
     ("from jitllm import model\n", [(1, "jitllm.model")]),
     ("from ..runtime import planner\n", [(1, "jitllm.runtime")]),

@@ -33,20 +33,19 @@ def test_logits_and_greedy_tokens_match_transformers(model, smollm2_hf, chat):
     theirs = hf_last_logits(smollm2_hf, ids)
     assert np.abs(ours - theirs).max() < LOGIT_TOL
     n = 32
+    from jitllm.runtime.engine.generation import GenerationStats, generate_ids
     from jitllm.runtime.sampling import Sampler, SamplingParams
-    from jitllm.runtime.generation import GenerationStats, generate_ids
 
     greedy = list(generate_ids(model.executor, model.new_session(), ids, n, Sampler(SamplingParams(0.0)), set(), GenerationStats()))
     assert greedy == hf_greedy(smollm2_hf, ids, n)
 
 
 def test_gguf_and_safetensors_conversions_agree(smollm2_hf, smollm2_gguf, smollm2_jlm, tmp_path, cache_dir):
+    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
     from jitllm.convert import convert
     from jitllm.model import load
-
-    from safetensors.torch import save_file
 
     hf_dir = tmp_path / "hf"
     hf = smollm2_hf

@@ -38,7 +38,7 @@ def fast_model(smollm2_jlm, cache_dir):
 
 @pytest.mark.parametrize("text,chat", PROMPTS, ids=["plain", "chat", "chat-list"])
 def test_fast_kernels_follow_transformers_greedy_up_to_near_ties(fast_model, smollm2_hf, text, chat):
-    from jitllm.runtime.generation import GenerationStats, generate_ids
+    from jitllm.runtime.engine.generation import GenerationStats, generate_ids
     from jitllm.runtime.sampling import Sampler, SamplingParams
 
     ids = fast_model.encode_prompt(text, chat=chat)

@@ -39,22 +39,24 @@ def placement_options(func):
     return func
 
 
-def load_model(model_path: str | None, devices: str, vram, placement, placement_strict: bool, gpu_layers, ctx,
-               cache_dir, no_gpu_fallback: bool, cpu_kernels: str, gpu_kernels: str, relocate: bool, gpu_grow: bool,
-               tune_seam: bool, verbose: bool):
-    """Load (converting the built-in default when `model_path` is None) and report on stderr."""
+def load_model(model_path: str | None, flags: dict, **overrides):
+    """Load (converting the built-in default when `model_path` is None) and report on stderr. `flags`: the
+    values of `placement_options` by name, `overrides` what a verb sets itself."""
     from jitllm.lowering.cache import stderr_log
-    from jitllm.model import load, with_placement
+    from jitllm.model import LoadOptions, load_with, with_placement
 
     if model_path is None:
         from jitllm.default_model import default_model_path
 
         model_path = str(default_model_path())
-    option = with_placement(placement, strict=placement_strict) if placement else None
-    log = stderr_log if verbose else _compile_log
-    return load(model_path, devices=devices, vram=vram, placement=option, gpu_layers=gpu_layers, ctx=ctx,
-                cache_dir=cache_dir or os.environ.get("JITLLM_CACHE_DIR"), log=log, no_gpu_fallback=no_gpu_fallback,
-                cpu_kernels=cpu_kernels, gpu_kernels=gpu_kernels, relocate=relocate, gpu_grow=gpu_grow, tune_seam=tune_seam)
+    f = {**flags, **overrides}
+    option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
+    options = LoadOptions(
+        devices=f["devices"], vram=f["vram"], placement=option, gpu_layers=f["gpu_layers"], ctx=f["ctx"],
+        cache_dir=f["cache_dir"] or os.environ.get("JITLLM_CACHE_DIR"), log=stderr_log if f["verbose"] else _compile_log,
+        no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
+        relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"])
+    return load_with(model_path, options)
 
 
 def _compile_log(message: str) -> None:

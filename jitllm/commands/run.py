@@ -21,9 +21,7 @@ from jitllm.commands.common import load_model, opt, placement_options
 @opt("move-at", "move_at", multiple=True, metavar="TOKEN:SEL=TARGET[,...]",
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
 @placement_options
-def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, devices, vram, placement,
-        placement_strict, gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow,
-        tune_seam, verbose) -> None:
+def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
     """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
     from jitllm.runtime.placement import parse_placement
     from jitllm.runtime.sampling import SamplingParams
@@ -33,8 +31,7 @@ def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at
     model_path, prompt = (None, args[0]) if len(args) == 1 else args
     chat = chat or model_path is None
     schedule = parse_move_at(move_at)
-    model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-                       no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam, verbose)
+    model = load_model(model_path, flags)
     for specs in schedule.values():
         for spec in specs:
             parse_placement(spec).validate(len(model.executor.blocks), set(model.devices))

@@ -19,23 +19,20 @@ from jitllm.commands.common import load_model, opt, placement_options
 @opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
      help="weight type of -preset")
 @placement_options
-def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, devices, vram, placement, placement_strict,
-          gpu_layers, ctx, cache_dir, no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam,
-          verbose) -> None:
+def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, **flags) -> None:
     """Prefill (ppN) and decode (tgN) tokens/s, mean ± sd over -r runs, as llama-bench prints them."""
     from jitllm.speed import decode_speed, prefill_speed, table
 
     if model_path and preset:
         raise click.UsageError("give a MODEL file or -preset NAME (not both)")
-    ctx = ctx or prompt_tokens + gen_tokens + 8
+    ctx = flags["ctx"] or prompt_tokens + gen_tokens + 8
     with tempfile.TemporaryDirectory() as tmp:
         if preset:
             from jitllm.random_model import write_random_model
 
             model_path = str(Path(tmp) / f"{preset}.jlm")
             write_random_model(model_path, preset, wtype)
-        model = load_model(model_path, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-                           no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, False, False, verbose)
+        model = load_model(model_path, flags, ctx=ctx, gpu_grow=False, tune_seam=False)
         results = []
         if prompt_tokens:
             results.append(prefill_speed(model, prompt_tokens, reps))

@@ -18,8 +18,7 @@ DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,
 @opt("ref-kernels", "ref_kernels", type=click.Choice(["fast", "exact"]), default="exact", show_default=True,
      help="host kernels of the reference side")
 @placement_options
-def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_strict, gpu_layers, ctx, cache_dir,
-           no_gpu_fallback, cpu_kernels, gpu_kernels, relocate, gpu_grow, tune_seam, verbose) -> None:
+def verify(args, steps, tol, ref_kernels, **flags) -> None:
     """Run the same tokens on the host and on -devices; report every position where the logits part.
 
     `-devices cpu -cpu-kernels fast` compares the fast host kernels with the exact reference."""
@@ -29,11 +28,11 @@ def verify(args, steps, tol, ref_kernels, devices, vram, placement, placement_st
         raise click.UsageError(f"expected [MODEL] [PROMPT], got {len(args)} arguments")
     model_path = args[0] if args else None
     prompt = args[1] if len(args) > 1 else DEFAULT_PROMPT
-    common = (vram, placement, placement_strict, gpu_layers, ctx, cache_dir, True, cpu_kernels, gpu_kernels, relocate,
-              False, False, verbose)
-    device_model = load_model(model_path, devices, *common)
-    host_model = load_model(model_path, "cpu", None, None, False, None, ctx, cache_dir, True, ref_kernels, ref_kernels,
-                            True, False, False, False)
+    device_model = load_model(model_path, flags, no_gpu_fallback=True, gpu_grow=False, tune_seam=False)
+    host_model = load_model(model_path, flags, devices="cpu", vram=None, placement=None, gpu_layers=None,
+                            no_gpu_fallback=True, cpu_kernels=ref_kernels, gpu_kernels=ref_kernels, relocate=True,
+                            gpu_grow=False, tune_seam=False, verbose=False)
+    cpu_kernels, gpu_kernels = flags["cpu_kernels"], flags["gpu_kernels"]
     ids = host_model.tokenizer.encode(prompt)
     where = sorted({u.device.name for u in [*device_model.executor.blocks, device_model.executor.head]})
     if tol is None:

@@ -15,7 +15,7 @@ from jitllm.ir.graph import GraphBuilder
 KV_PAGES = "kv-pages"
 """Per session, KV pages in the device's pool, listed by a page table (attention)."""
 RECURRENT = "recurrent"
-"""Per session, one fixed-size state tensor updated in place (jitllm.runtime.recurrent)."""
+"""Per session, one fixed-size state tensor updated in place (jitllm.runtime.engine.recurrent)."""
 NO_STATE = "none"
 """Nothing kept between steps (the head)."""
 
@@ -45,6 +45,10 @@ class BlockType(Protocol):
 
     def fused(self, kind: BlockKind) -> BlockKind:
         """The kind with linears that share an input stacked into one (itself where it has none to stack)."""
+        ...
+
+    def state_shape(self, kind: BlockKind) -> tuple[int, ...] | None:
+        """A RECURRENT type's per-session state tensor (float32, one sequence); None for the others."""
         ...
 
     def weight_inputs(self, kind: BlockKind) -> Inputs: ...

@@ -80,6 +80,9 @@ class GlaBlock:
     def fused(self, kind: BlockKind) -> BlockKind:
         return kind
 
+    def state_shape(self, kind: BlockKind) -> tuple[int, int, int, int]:
+        return state_shape(kind.config)
+
     def weight_inputs(self, kind: BlockKind) -> Inputs:
         return decoder_weight_inputs(kind)
 

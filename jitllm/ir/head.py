@@ -30,6 +30,9 @@ class HeadBlock:
     def fused(self, kind: BlockKind) -> BlockKind:
         return kind
 
+    def state_shape(self, kind: BlockKind) -> None:
+        return None
+
     def weight_inputs(self, kind: BlockKind) -> Inputs:
         return [("output_norm", (kind.config.hidden,), "float32"), *linear_inputs(kind.linears[0])]
 

@@ -129,6 +129,9 @@ class LlamaBlock:
     def fused(self, kind: BlockKind) -> BlockKind:
         return fused_kind(kind)
 
+    def state_shape(self, kind: BlockKind) -> None:
+        return None
+
     def weight_inputs(self, kind: BlockKind) -> Inputs:
         return decoder_weight_inputs(kind)
 

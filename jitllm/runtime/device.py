@@ -32,7 +32,7 @@ class Device:
     """KV page pools live in the headroom the weight budget leaves; None = as much as allocation gives."""
     kv_bytes: int = 0
     graphs: object | None = field(default=None, repr=False)
-    """A GraphRecorder (jitllm.runtime.step_graphs) where decode steps are captured and replayed."""
+    """A GraphRecorder (jitllm.runtime.engine.step_graphs) where decode steps are captured and replayed."""
     allocator: Callable[[tuple[int, ...], str], Tensor] | None = field(default=None, repr=False)
     """Where `empty` (weights, KV pools, step inputs) takes memory from, when not the backend's own: the
     host's page-locked pool while a CUDA device is in use (backends/pinned.py)."""

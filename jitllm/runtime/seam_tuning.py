@@ -52,7 +52,7 @@ class SeamTuner:
         return reports
 
     def _apply(self, model, k: int) -> list:
-        from jitllm.runtime.migration import move_units
+        from jitllm.runtime.engine.migration import move_units
 
         spec = ",".join([f"{i}={self.device}" for i in self.blocks[:k]] + [f"{i}=host" for i in self.blocks[k:]])
         return move_units(model, spec) if spec else []

@@ -9,7 +9,7 @@ import tvm
 
 from jitllm.core.quant import dequantize_rows, parts_from_float
 from jitllm.runtime.backends.host import host_device
-from jitllm.runtime.embedding import VALUES_PER_THREAD, TokenEmbedding
+from jitllm.runtime.engine.embedding import VALUES_PER_THREAD, TokenEmbedding
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q4_1", "q8_0"])

@@ -84,8 +84,8 @@ def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir,
                  extra_devices=[simulated_device("sim:0")])
     ex = model.executor
     checked = []
-    real = ex._pages_for
-    monkeypatch.setattr(ex, "_pages_for", lambda session, unit, positions: checked.append(positions) or real(
+    real = ex.pages_for
+    monkeypatch.setattr(ex, "pages_for", lambda session, unit, positions: checked.append(positions) or real(
         session, unit, positions))
     session = ex.new_session()
     ex.forward(session, [5, 6, 7])
@@ -106,7 +106,7 @@ def test_steps_within_the_pages_skip_the_page_bookkeeping(tiny_model, cache_dir,
 
 def test_a_pool_growth_that_fails_to_allocate_charges_nothing(monkeypatch):
     from jitllm.runtime.backends.fake import simulated_device
-    from jitllm.runtime.kv_pages import PagePool
+    from jitllm.runtime.engine.kv_pages import PagePool
 
     dev = simulated_device("sim")
     pool = PagePool(dev, 4, 2, 16, 8)
@@ -125,7 +125,7 @@ def test_a_sessions_page_tables_are_rows_of_one_tensor_uploaded_once():
     """Tables that gained pages together are uploaded by one copy; each table's tensor is its row, at a
     fixed address until the arena needs more room (then new tensors, which captured steps notice)."""
     from jitllm.runtime.backends.fake import simulated_device
-    from jitllm.runtime.kv_pages import PagePool, PageTable, TableArena
+    from jitllm.runtime.engine.kv_pages import PagePool, PageTable, TableArena
 
     dev = simulated_device("sim")
     pool, arena = PagePool(dev, 8, 2, 16, 8), TableArena(dev)

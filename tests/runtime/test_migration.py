@@ -30,7 +30,7 @@ def baseline(tiny_model, cache_dir):
 def test_moves_every_few_tokens_keep_the_output(tiny_model, cache_dir, baseline, direct_runs, monkeypatch):
     """KV pages move as direct copies per run of pages, or (many scattered pages: forced here with 0)
     gathered by the source's export kernel and scattered by the destination's import kernel."""
-    monkeypatch.setattr("jitllm.runtime.migration.DIRECT_RUNS", direct_runs)
+    monkeypatch.setattr("jitllm.runtime.engine.migration.DIRECT_RUNS", direct_runs)
     model = _load(tiny_model, cache_dir)
     model.move_schedule = {3: ["0=sim:0"], 6: ["1=sim:0,head=sim:1"], 9: ["0-1=sim:1"], 12: ["*=host"],
                            15: ["head=sim:0,0=sim:1"], 20: ["*=host,head=host"]}
@@ -220,7 +220,7 @@ def test_a_move_finds_the_destination_programs_with_one_lookup(tiny_model, cache
 
 
 def test_page_runs_group_ids_consecutive_on_both_sides():
-    from jitllm.runtime.migration import _joint_runs
+    from jitllm.runtime.engine.migration import _joint_runs
 
     assert _joint_runs([3, 4, 5, 9, 10, 2], [0, 1, 2, 3, 4, 5]) == [(3, 0, 3), (9, 3, 2), (2, 5, 1)]
     assert _joint_runs([3, 4, 5], [7, 8, 1]) == [(3, 7, 2), (5, 1, 1)]
@@ -264,7 +264,7 @@ def test_failure_after_the_copies_waits_for_them_before_giving_memory_back(tiny_
                                                                             monkeypatch):
     """A move failing once its copies are issued (asynchronous with page-locked memory on a GPU) waits for
     the destination before its pages and weights buffer go back to be reused; the block keeps running."""
-    import jitllm.runtime.migration as migration
+    import jitllm.runtime.engine.migration as migration
 
     model = _load(tiny_model, cache_dir)
     ex = model.executor

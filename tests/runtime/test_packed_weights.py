@@ -7,7 +7,7 @@ import tvm
 
 from jitllm.runtime.backends.fake import simulated_device
 from jitllm.runtime.backends.host import host_device
-from jitllm.runtime.packed_weights import ALIGN, PackedWeights
+from jitllm.runtime.engine.packed_weights import ALIGN, PackedWeights
 
 
 def _groups(rng):

@@ -10,9 +10,9 @@ import pytest
 
 from jitllm.model import load
 from jitllm.runtime.backends import cuda_driver, pinned
-from jitllm.runtime.backends.fake import simulated_device
 from jitllm.runtime.backends.dlpack import data_pointer
-from jitllm.runtime.packed_weights import PackedWeights
+from jitllm.runtime.backends.fake import simulated_device
+from jitllm.runtime.engine.packed_weights import PackedWeights
 
 PROMPT = list(range(4, 30))
 

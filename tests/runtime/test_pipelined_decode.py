@@ -13,9 +13,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from jitllm.runtime.executor import Executor
 from simulated_graphs import load_on_simulated
+
+from jitllm.runtime.engine.executor import Executor
 
 PROMPT = list(range(4, 30))
 N = 40  # past two pages of 16 positions: the pipeline stops for page bookkeeping on the way

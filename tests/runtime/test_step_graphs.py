@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from jitllm.runtime.model_layout import HEAD
-from jitllm.runtime.step_graphs import segments
 from simulated_graphs import load_on_simulated
+
+from jitllm.runtime.engine.step_graphs import segments
+from jitllm.runtime.model_layout import HEAD
 
 PROMPT = list(range(4, 30))
 N = 24

@@ -16,11 +16,10 @@ import tvm_ffi
 
 from jitllm.core.errors import JitllmError
 from jitllm.model import load
-from jitllm.runtime import packed_weights
 from jitllm.runtime.backends.buffer_pool import KEEP_BYTES, BufferPool, pool_from_env
-from jitllm.runtime.backends.fake import simulated_device
-from jitllm.runtime.packed_weights import PackedWeights
-from jitllm.runtime.backends.fake import ReplayRecorder
+from jitllm.runtime.backends.fake import ReplayRecorder, simulated_device
+from jitllm.runtime.engine import packed_weights
+from jitllm.runtime.engine.packed_weights import PackedWeights
 
 PROMPT = list(range(4, 30))
 N = 24

@@ -38,7 +38,7 @@ class BackendCaps:
     unified_memory: bool = False
     """Its memory is the host's (budgets draw on host memory)."""
     captured_steps: bool = False
-    """Decode steps can be recorded once and replayed (a GraphRecorder, jitllm.runtime.step_graphs)."""
+    """Decode steps can be recorded once and replayed (a GraphRecorder, jitllm.runtime.engine.step_graphs)."""
 
 
 class Backend(Protocol):

@@ -5,7 +5,7 @@ make our stream current for the device, begin a capture on it, run the step's VM
 (the kernels are recorded, not run; the VM's pooled allocator may still allocate, which the relaxed
 capture mode allows), end the capture and instantiate the graph. A replay launches every recorded
 kernel with the buffer addresses of the capture: callers must keep those buffers alive and unchanged
-in place (jitllm.runtime.step_graphs does).
+in place (jitllm.runtime.engine.step_graphs does).
 
 The recorder is also the device's `Transfers`: a step's host arrays are page-locked (devices.pinned), and
 the copies between them and the device tensors, issued on the capture stream while capturing, become

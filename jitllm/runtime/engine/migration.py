@@ -1,7 +1,7 @@
 """Moving a block (or the head) to another device between two steps, KV pages (or recurrent state) and all.
 
 A move is a transaction: the destination's program is loaded (or compiled), its budget charged, the
-weights copied (one copy of the unit's single allocation, jitllm.runtime.packed_weights; laid out
+weights copied (one copy of the unit's single allocation, jitllm.runtime.engine.packed_weights; laid out
 afresh from the .jlm where the destination lays the unit out differently) and every live session's
 pages copied into the destination pool (each run of pages consecutive on both sides in one copy; many
 scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.runtime.device import Device
-from jitllm.runtime.kv_pages import PageTable
-from jitllm.runtime.recurrent import RecurrentState, commit_states, copy_states
+from jitllm.runtime.engine.kv_pages import PageTable
+from jitllm.runtime.engine.recurrent import RecurrentState, commit_states, copy_states
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,10 @@ class MoveReport:
                 f"KV {self.kv_bytes / 2**20:.2f} MiB, {state}{self.seconds * 1e3:.2f} ms")
 
 
-def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
+def move_unit(executor, index: int | str, dest: Device, from_file: bool = False) -> MoveReport:
+    """Move one unit (the module docstring). `from_file`: its weights come from the model file and nothing
+    is read from the source device (a fall-back from a device that failed; the sessions' KV there was
+    dropped first)."""
     executor.drain()  # (a pipelined step still running reads the weights and writes the pages moved here)
     unit = executor.unit(index)
     source = unit.device
@@ -63,7 +67,7 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
-        if kind == unit.kind:
+        if kind == unit.kind and not from_file:
             weights = unit.weights.to(dest, clock.mark)
         else:  # fused on one side, separate on the other: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
@@ -74,7 +78,8 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
                 old = session.tables.get(index)
                 if old is not None and old.ids:
                     new = new_tables[session.id] = PageTable(pool, arena=session.arena(dest))
-                    new.ensure(len(old.ids) * pool.page_size)
+                    if not new.ensure(len(old.ids) * pool.page_size):
+                        raise JitllmError(f"{dest.name}: out of KV pages for the history of block {index}")
             clock.mark("kv pages")
             for session_id, new in new_tables.items():
                 old = executor.sessions[session_id].tables[index]
@@ -82,8 +87,9 @@ def move_unit(executor, index: int | str, dest: Device) -> MoveReport:
         if unit.state == RECURRENT:
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         clock.mark("kv")
-        source.synchronize()  # copies with page-locked host memory run asynchronously on the GPU's
-        dest.synchronize()  # stream, whichever side the GPU is
+        if not from_file:  # copies with page-locked host memory run asynchronously on the GPU's
+            source.synchronize()  # stream, whichever side the GPU is
+        dest.synchronize()
         clock.mark("sync")
     except BaseException:
         with contextlib.suppress(Exception):  # copies into the destination may still be in flight
@@ -165,13 +171,34 @@ def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source
     return count * src_pool.page_bytes
 
 
+def fall_back_to_host(executor, host: Device) -> list[str]:
+    """Bring every unit home after a device failure: every session's history is dropped (the caller
+    recomputes it), and each unit's weights come from the model file. The devices left, by name."""
+    away = [u for u in [*executor.blocks, executor.head] if u.device is not host]
+    if away:
+        for session in executor.sessions.values():
+            executor.reset_session(session)
+    for unit in away:
+        move_unit(executor, unit.index, host, from_file=True)
+    return sorted({u.device.name for u in away})
+
+
+def relocate(executor, plan, device: Device, host: Device, error: Exception) -> MoveReport:
+    """-relocate: `device` cannot grow the context; hand its last unpinned block to the host (one holding
+    KV pages where there is one), KV and all."""
+    candidates = [u for u in executor.blocks if u.device is device and not plan.blocks[u.index].pinned]
+    candidates = [u for u in candidates if u.state == KV_PAGES] or candidates
+    if not candidates:
+        raise JitllmError(f"{device.name}: the context cannot grow ({error}) and every block there is pinned")
+    return move_unit(executor, candidates[-1].index, host)
+
+
 def move_units(model, spec: str) -> list[MoveReport]:
     """Apply one `SEL=TARGET[,SEL=TARGET...]` move spec to a loaded model, all or nothing.
 
     Checked before anything moves: the selector and target parse, blocks exist, the target is a device
     the model knows, no block is pinned, and the destination budgets hold what arrives. A failure
     during the moves (allocation, compile) moves back what this call already moved."""
-    from jitllm.core.errors import JitllmError
     from jitllm.runtime.placement import parse_placement
 
     placement = parse_placement(spec)

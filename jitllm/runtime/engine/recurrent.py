@@ -1,4 +1,4 @@
-"""Recurrent state of GLA blocks: one device tensor per (block, session), updated in place by the kernel.
+"""Recurrent state of recurrent (GLA) blocks: one device tensor per (block, session), updated in place by the kernel.
 
 Like KV pages, a state lives on its block's device and is charged to that device's KV budget; unlike
 them its size is fixed, [1, heads, head_dim, head_dim] float32, whatever the history length. A
@@ -13,8 +13,9 @@ from typing import Iterable
 
 import numpy as np
 
+from jitllm.core.errors import JitllmError
+from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
-from jitllm.ir.gla import state_shape
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
 
@@ -33,7 +34,7 @@ class RecurrentState:
     @classmethod
     def zeros(cls, kind: BlockKind, device: Device, what: str) -> "RecurrentState":
         """An empty history's state on `device`, charged to its KV budget (or raise charging nothing)."""
-        shape = state_shape(kind.config)
+        shape = block_type(kind).state_shape(kind)
         nbytes = int(np.prod(shape)) * 4
         device.reserve(nbytes, what, kv=True)
         try:
@@ -81,3 +82,18 @@ def release_states(session) -> None:
     for state in session.states.values():
         state.release()
     session.states.clear()
+
+
+def recurrent_step(session, unit, x: Tensor, n: int) -> Tensor:
+    """Run a recurrent block over `n` new tokens; its kernel folds them into the session's state in place."""
+    state = session.states.get(unit.index)
+    if state is None:
+        state = session.states[unit.index] = RecurrentState.zeros(
+            unit.kind, unit.device, f"recurrent state of block {unit.index}")
+    if state.positions != session.length:
+        raise JitllmError(f"session {session.id}: block {unit.index}'s recurrent state does not match its "
+                          f"{session.length} positions (an earlier step failed); reset the session")
+    state.positions = -1  # until the step has finished (forward reports device failures)
+    y, _ = unit.program_for(n).main(x, state.tensor, *unit.weights)
+    state.positions = session.length + n
+    return y

@@ -1,6 +1,6 @@
 """Paged KV: a pool of fixed-size pages per device; each (block, session) owns a list of page ids.
 
-The bookkeeping (free list, page lists) is plain integers; the pool tensor
+The bookkeeping (free list, page lists) is plain integers (scheduler.py); the pool tensor
 [num_pages, 2, kv_heads, page_size, head_dim] lives on the device and is only touched by kernels.
 A session's page-table tensors on one device are rows of one tensor (TableArena), uploaded together.
 """
@@ -11,28 +11,36 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jitllm.core.errors import JitllmError
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
+from jitllm.runtime.engine.scheduler import PageAllocator, pages_for
 
 TABLE_ROOM = 64
 """Page ids a table's tensor holds at first (1024 positions at 16 per page)."""
 
 
 class PagePool:
-    """Hands out, frees and reports page ids of one device's pool."""
+    """One device's pool tensor and the page ids in it (scheduler.PageAllocator): hands out, frees and
+    reports pages, growing the tensor when the ids run out."""
 
     def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int,
                  max_pages: int | None = None) -> None:
         self.device = device
         self.page_size = page_size
-        self.num_pages = 0
         self.max_pages = max_pages
         self._page_shape = (2, kv_heads, page_size, head_dim)
         self.page_bytes = 2 * kv_heads * page_size * head_dim * 4
         self.pages: Tensor | None = None
-        self._free: list[int] = []
+        self.ids = PageAllocator()
         self._grow_to(num_pages)
+
+    @property
+    def num_pages(self) -> int:
+        return self.ids.capacity
+
+    @property
+    def free_pages(self) -> int:
+        return len(self.ids.free)
 
     def _grow_to(self, num_pages: int) -> None:
         """Reallocate the pool with more pages, keeping every page's content and id."""
@@ -48,33 +56,28 @@ class PagePool:
             data[: self.num_pages] = self.device.download(self.pages)
             self.device.write(grown, data)
         self.pages = grown
-        self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
-        self.num_pages = num_pages
+        self.ids.extend(num_pages)
 
-    @property
-    def free_pages(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int) -> list[int]:
-        """`count` page ids; the pool doubles (up to max_pages) when it runs out."""
-        if count > len(self._free):
-            want = max(2 * self.num_pages, self.num_pages + count - len(self._free))
-            if self.max_pages is not None:
-                want = min(want, self.max_pages)
-            if want - self.num_pages < count - len(self._free):
-                raise JitllmError(f"{self.device.name}: out of KV pages ({count} wanted, {len(self._free)} free)")
+    def allocate(self, count: int) -> list[int] | None:
+        """`count` page ids; the pool doubles (up to max_pages) when it runs out, and None where even
+        that is too few (the caller relocates, spills or waits). The device failing to hold a larger
+        pool raises (its budget or its allocator), charging nothing."""
+        taken = self.ids.take(count)
+        if taken is None:
+            want = self.ids.growth(count, self.max_pages)
+            if want is None:
+                return None
             self._grow_to(want)
-        taken = self._free[len(self._free) - count:]  # the stack's top, popped in one slice
-        del self._free[len(self._free) - count:]
-        return taken[::-1]
+            taken = self.ids.take(count)
+        return taken
 
     def free(self, ids: list[int]) -> None:
-        self._free.extend(reversed(ids))
+        self.ids.give_back(ids)
 
     def close(self) -> None:
         self.device.release(self.num_pages * self.page_bytes, kv=True)
         self.pages = None
-        self.num_pages = 0
+        self.ids = PageAllocator()
 
 
 class TableArena:
@@ -145,12 +148,16 @@ class PageTable:
         if self.arena is None:
             self.arena = TableArena(self.pool.device)
 
-    def ensure(self, positions: int) -> None:
-        """Own enough pages for `positions` positions."""
-        need = -(-positions // self.pool.page_size) - len(self.ids)
+    def ensure(self, positions: int) -> bool:
+        """Own enough pages for `positions` positions; False where the pool has no room for them."""
+        need = pages_for(positions, self.pool.page_size) - len(self.ids)
         if need > 0:
-            self.ids += self.pool.allocate(need)
+            taken = self.pool.allocate(need)
+            if taken is None:
+                return False
+            self.ids += taken
             self.arena.write(self._own_row(), self.ids)
+        return True
 
     def tensor(self) -> Tensor:
         if self._row < 0:

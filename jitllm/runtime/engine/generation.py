@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from jitllm.runtime.executor import Executor, Session
+from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.engine.session import Session
 from jitllm.runtime.sampling import Sampler
 
 

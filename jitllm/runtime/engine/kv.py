@@ -1,0 +1,55 @@
+"""KV bookkeeping before a step: each device's page pool, and pages for every attention block of a session
+(when a device has no room, the executor's `relocate` moves a block off it and the step goes on)."""
+
+from __future__ import annotations
+
+from jitllm.core.errors import JitllmError
+from jitllm.ir.block_type import KV_PAGES
+from jitllm.runtime.backends.host import HOST
+from jitllm.runtime.device import Device
+from jitllm.runtime.engine.kv_pages import PagePool, PageTable
+from jitllm.runtime.engine.scheduler import initial_pages
+
+
+def pool(ex, device: Device) -> PagePool:
+    """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""
+    if device.name not in ex.pools:
+        cfg, page = ex.layout.config, ex.layout.block_kinds[0].page_size
+        blocks_here = sum(1 for i in range(cfg.num_blocks) if ex._placement[i] is device)
+        ex.pools[device.name] = PagePool(device, initial_pages(blocks_here, ex.ctx, page), cfg.kv_heads, page,
+                                         cfg.head_dim)
+    return ex.pools[device.name]
+
+
+def pages_for(ex, session, unit, positions: int) -> PageTable:
+    """The unit's page table holding `positions` positions. Where its device has no room for more pages
+    (the pool says so, or the device's budget or allocator refuses a larger pool), `relocate` (if set)
+    moves a block off that device, KV and all, and we try again."""
+    ex.drain()
+    ex._epoch += 1
+    while True:
+        table = session.tables.get(unit.index)
+        if table is None:
+            table = session.tables[unit.index] = PageTable(ex.pool(unit.device), arena=session.arena(unit.device))
+        try:
+            if table.ensure(positions):
+                return table
+            problem: Exception = JitllmError(f"{unit.device.name}: out of KV pages for {positions} positions")
+        except Exception as e:  # over the KV budget, or the device's own allocator failing
+            problem = e
+        if unit.device.name == HOST:
+            raise problem
+        if ex.relocate is None:
+            raise JitllmError(f"{unit.device.name}: no room for more KV pages, so the context stops "
+                              f"growing there (-relocate is off): {problem}") from None
+        ex.relocate(unit.device, problem)
+
+
+def ensure_room(ex, session, positions: int) -> None:
+    """Pages for `positions` in every attention block's table (before the step: relocation may move
+    blocks, and must do so before it)."""
+    if positions > session.kv_room:
+        for unit in ex.blocks:
+            if unit.state == KV_PAGES:
+                ex.pages_for(session, unit, positions)
+        session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)

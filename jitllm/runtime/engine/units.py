@@ -1,0 +1,86 @@
+"""Units and their weights: a block (or the head) resident on a device, with the programs of its kind
+there. One artifact per kind and target serves every block of the kind; a unit's weights are one
+allocation on its device (packed_weights.py), laid out for its kind there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitllm.ir.block_type import KV_PAGES
+from jitllm.ir.blocks import block_type
+from jitllm.ir.config import BlockKind
+from jitllm.lowering.cache import get_artifact
+from jitllm.lowering.target import kind_for_target
+from jitllm.runtime.device import Device
+from jitllm.runtime.engine.packed_weights import PackedWeights
+from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.program import Program
+
+
+@dataclass
+class Unit:
+    """A block (index) or the head, resident on a device."""
+
+    index: int | str
+    kind: BlockKind
+    device: Device
+    weights: PackedWeights
+    nbytes: int
+    program: Program
+    decode_program: Program | None = None
+    """The batch-1, seq-1 variant where the device's target has one (decode steps)."""
+
+    @property
+    def state(self) -> str:
+        """What its block type carries per session (jitllm.ir.block_type: KV pages, recurrent state, none)."""
+        return block_type(self.kind).state
+
+    def program_for(self, tokens: int) -> Program:
+        return self.decode_program if tokens == 1 and self.decode_program is not None else self.program
+
+
+def load_program(ex, kind: BlockKind, device: Device) -> Program:
+    """The compiled `kind` on `device` (from the cache, compiled where it lacks it), loaded once."""
+    key = (kind, device.name)
+    if key not in ex._programs:
+        artifact = get_artifact(kind, device.target, ex.cache_dir, log=ex.log)
+        main_appends = kind.decode and device.target.caps.decode_appends_kv
+        page_kernels = block_type(kind).state == KV_PAGES and not main_appends
+        ex._programs[key] = device.load(artifact.path, kind, page_kernels)
+    return ex._programs[key]
+
+
+def placed(ex, index: int | str, device: Device) -> tuple[BlockKind, Program, Program | None]:
+    """The unit's kind on `device` and its programs there (Executor.programs), worked out once per unit and
+    device: a move's lookup is then one dict hit (deriving and hashing the kinds took ~20 us)."""
+    key = (index, device.name)
+    found = ex._placed.get(key)
+    if found is None:
+        kind = kind_on(ex.layout, index, device)
+        found = ex._placed[key] = (kind, *ex.programs(kind, device))
+    return found
+
+
+def kind_on(layout: ModelLayout, index: int | str, device: Device) -> BlockKind:
+    """The unit's kind as compiled for `device` (jitllm.lowering.target.kind_for_target)."""
+    kind = layout.head if index == HEAD else layout.block_kinds[index]
+    return kind_for_target(kind, device.target)
+
+
+def load_unit(ex, index: int | str, device: Device) -> Unit:
+    """Block `index` (or the head) uploaded to `device`, charged to its budget, its programs loaded."""
+    kind = kind_on(ex.layout, index, device)
+    nbytes = sum(ex.model.tensors[n].nbytes for n in ex.layout.tensor_names(index))
+    device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
+    weights = upload_weights(ex, index, device, kind)
+    if block_type(kind).state == KV_PAGES:
+        ex.pool(device)
+    return Unit(index, kind, device, weights, nbytes, *placed(ex, index, device)[1:])
+
+
+def upload_weights(ex, index: int | str, device: Device, kind: BlockKind | None = None) -> PackedWeights:
+    """A unit's weights (laid out for `kind`, default its kind on `device`) copied from its .jlm page into
+    one allocation on `device`; fused linears are stacked here, once per load or move."""
+    kind = kind or kind_on(ex.layout, index, device)
+    return PackedWeights.upload(device, [[ex.model.tensor(n) for n in group]
+                                         for group in ex.layout.weight_sources(index, kind)])

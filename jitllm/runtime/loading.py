@@ -1,0 +1,119 @@
+"""Opening a model on devices: the options every front end passes (one LoadOptions), the plan, the
+devices it names and the engine that runs the blocks where the plan put them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jitllm.core.errors import JitllmError
+from jitllm.core.jlm import JlmFile
+from jitllm.runtime.backends import link_peers, make_device
+from jitllm.runtime.backends.buffer_pool import pool_from_env
+from jitllm.runtime.backends.host import HOST, host_device
+from jitllm.runtime.device import Device
+from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.placement import Placement, PlacementOption, with_placement
+from jitllm.runtime.planner import Plan, plan
+
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to open a model: the CLI's placement flags (`jitllm run -h`), as the API and the server take them.
+
+    `extra_devices` attaches devices the planner does not use but moves may target (e.g. simulated devices
+    standing in for missing hardware). `cpu_kernels` picks the host's kernel family: "fast" (int8-quantized
+    activations, llama.cpp's trick) or "exact" (f32 activations); `gpu_kernels` the same for the GPUs'
+    decode matvecs over quantized weights (jitllm.lowering.targets.cuda). `relocate`: when a device cannot
+    grow the context, hand its last block to the host instead of failing. `gpu_grow`: start on the host and
+    move one block per generated token to where the plan puts it. `tune_seam`: time a few seams while
+    generating and keep the fastest (runtime/seam_tuning.py)."""
+
+    devices: str = "auto"
+    vram: str | None = None
+    placement: PlacementOption | Placement | str | None = None
+    gpu_layers: int | None = None
+    ctx: int | None = None
+    cache_dir: str | Path | None = None
+    log: Callable[[str], None] | None = None
+    no_gpu_fallback: bool = False
+    extra_devices: tuple[Device, ...] = field(default=())
+    cpu_kernels: str = "fast"
+    gpu_kernels: str = "fast"
+    relocate: bool = True
+    gpu_grow: bool = False
+    tune_seam: bool = False
+
+
+@dataclass
+class Opened:
+    """A model file opened on its devices: its plan, the devices by name, the engine, and (-gpu-grow) the
+    moves still to make, one per generated token."""
+
+    file: JlmFile
+    layout: ModelLayout
+    plan: Plan
+    devices: dict[str, Device]
+    executor: Executor
+    grow_queue: list[tuple[int | str, str]]
+
+
+def open_model(path: str | Path, options: LoadOptions) -> Opened:
+    """Open a .jlm, plan where each block runs, make the devices, upload weights and load (or compile) the
+    artifacts."""
+    from jitllm.runtime.device_spec import parse_devices
+
+    file = JlmFile(path)
+    layout = ModelLayout.from_file(file)
+    choices = []
+    if options.devices.strip().lower() != "cpu":
+        from jitllm.runtime.inventory import detect_inventory
+
+        choices = parse_devices(options.devices, detect_inventory(), options.vram)
+    given = options.placement
+    option = given if isinstance(given, PlacementOption) or given is None else with_placement(given)
+    if option is not None:
+        option.placement.validate(layout.config.num_blocks, {a for c in choices for a in c.aliases} | {HOST})
+    block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
+    the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices, option.placement if option else None,
+                    options.gpu_layers, option.strict if option else False, host_name=HOST)
+    log = options.log
+    if log:
+        log(the_plan.describe())
+    devices: dict[str, Device] = {HOST: host_device(options.cpu_kernels)}
+    for choice in choices:
+        devices[choice.name] = make_device(choice, options.cpu_kernels, options.gpu_kernels)
+    for extra in options.extra_devices:
+        devices[extra.name.lower()] = extra
+    _share_host_memory(devices)
+    linked = link_peers(list(devices.values()))
+    if log and linked is not None:
+        log("peer access: " + (", ".join(f"{a} -> {b}" for a, b in linked)
+                               or "none (copies between cards go through the host)"))
+    where = {i: devices[the_plan.device_of(i)] for i in range(layout.config.num_blocks)}
+    where[HEAD] = devices[the_plan.head.device]
+    grow: list[tuple[int | str, str]] = []
+    if options.gpu_grow:
+        for index, assignment in [*enumerate(the_plan.blocks), (HEAD, the_plan.head)]:
+            if assignment.device != HOST and not assignment.pinned:
+                grow.append((index, assignment.device))
+                where[index] = devices[HOST]
+    context = min(options.ctx or DEFAULT_CTX, layout.config.context)
+    if context < 1:
+        raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
+    cache_dir = Path(options.cache_dir) if options.cache_dir else None
+    executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log)
+    return Opened(file, layout, the_plan, devices, executor, grow)
+
+
+def _share_host_memory(devices: dict[str, Device]) -> None:
+    """Where a device copies fastest from page-locked host memory, the host's memory becomes that, and
+    weights leaving the host are kept for the next to arrive."""
+    host = devices[HOST]
+    host.allocator = next((d.host_allocator for d in devices.values() if d.host_allocator is not None), None)
+    if host.allocator is not None:
+        host.weight_pool = pool_from_env()

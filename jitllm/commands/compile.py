@@ -8,7 +8,7 @@ import click
 
 from jitllm.commands.common import opt
 
-TARGET_NAMES = ("llvm", "cuda")
+TARGET_NAMES = ("llvm", "cuda", "onnxruntime")
 """jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
 
 

@@ -186,7 +186,11 @@ def paged_attention_function() -> onnx.FunctionProto:
     mask = g.op("Unsqueeze", mask, g.const([1, 2]))  # [B, 1, 1, S, T]
     scores = g.op("Where", mask, scores, g.const(-1e30, "float32"))
     probs = g.op("Softmax", scores, axis=-1)
-    out = g.op("MatMul", probs, g.op("Unsqueeze", v_all, g.const([2])))  # [B, Hkv, g, S, D]
+    # values no query sees are zeroed, not only weighted by 0: a page's unused slots hold whatever the pool
+    # held (0 * NaN is NaN)
+    seen = g.op("Or", vis_hist, g.op("GreaterOrEqual", g.op("Unsqueeze", rel, g.const([0])), zero))  # [B, T]
+    v_seen = g.op("Where", g.op("Unsqueeze", seen, g.const([1, 3])), v_all, g.const(0.0, "float32"))
+    out = g.op("MatMul", probs, g.op("Unsqueeze", v_seen, g.const([2])))  # [B, Hkv, g, S, D]
     out = g.op("Reshape", out, g.op("Concat", g.const([0, -1]), s_len, d_dim, axis=0))  # [B, H, S, D]
     g.rename(g.op("Transpose", out, perm=[0, 2, 1, 3]), "out")
     return _function(PAGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past"], ["out"], g)

@@ -119,7 +119,7 @@ class Target(Protocol):
     def cache_key(self) -> dict: ...
 
     def build(self, mod: tvm.IRModule):
-        """Compile an imported block (SHARED_LIBRARY targets)."""
+        """Compile an imported block (SHARED_LIBRARY targets only; the others' artifacts are not built by TVM)."""
         ...
 
 

@@ -2,8 +2,10 @@
 
     auto | all | cpu | gpu[:N] | cuda[:ORD] | vulkan[:SEL] | metal     (comma-separated, each =BYTES)
 
-and, for testing, `sim:N` (a simulated device: host memory and kernels behind a device's own budget,
-accepted where JITLLM_SIM_DEVICES=1; jitllm.runtime.backends.fake).
+and ONNX Runtime devices, `ort` (its CPU execution provider) and `ort:cuda[:ORD]` (its CUDA one), which
+run the block graphs themselves (jitllm.runtime.backends.ort); for testing, `sim:N` (a simulated device:
+host memory and kernels behind a device's own budget, accepted where JITLLM_SIM_DEVICES=1;
+jitllm.runtime.backends.fake).
 
 Sizes are binary: K, M, G, T (with or without `iB`/`B`, any case) are powers of 1024, so `3G` and
 `3GiB` are the same 3221225472 bytes; a bare number is bytes; decimals such as `1.5G` are allowed.
@@ -11,6 +13,7 @@ Sizes are binary: K, M, G, T (with or without `iB`/`B`, any case) are powers of 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ MIN_HEADROOM = 256 * MIB
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 _DIGITS = re.compile(r"[0-9]+")
-_KINDS = "auto, all, cpu, gpu[:N], cuda[:ORD], vulkan[:SEL] or metal"
+_KINDS = "auto, all, cpu, gpu[:N], cuda[:ORD], vulkan[:SEL], metal or ort[:cuda[:ORD]]"
 
 Timer = Callable[[GpuDevice], float]
 """Seconds one reference kernel takes on a device (lower is faster); supplied by the runtime."""
@@ -137,6 +140,8 @@ def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -
         return [_by_backend(kind, sel if colon else None, entry, inventory, timer)]
     if kind == "sim":
         return [_simulated(_ordinal(sel, entry) if colon else 0, inventory)]
+    if kind == "ort":
+        return [_onnx_runtime(sel if colon else "cpu", entry, inventory)]
     raise JitllmError(f"{entry}: unknown device '{spec}' (use {_KINDS})")
 
 
@@ -173,6 +178,25 @@ def _simulated(n: int, inventory: Inventory) -> GpuDevice:
     cpu = inventory.cpu
     return GpuDevice(index=-1 - n, backend="sim", ordinal=n, name="simulated device (host memory and kernels)",
                      total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes, unified=True, software=True)
+
+
+def _onnx_runtime(sel: str, entry: str, inventory: Inventory) -> GpuDevice:
+    """An ONNX Runtime device: `cpu` (host memory, as unified devices' budgets draw on it) or `cuda[:ORD]`
+    (that CUDA device's memory, where the inventory lists it)."""
+    provider, _, ordinal = sel.strip().lower().partition(":")
+    if provider == "cpu" and not ordinal:
+        cpu = inventory.cpu
+        return GpuDevice(index=-1000, backend="ort", ordinal=0, name="ONNX Runtime, CPU execution provider",
+                         total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes, unified=True, software=True,
+                         spec="ort")
+    if provider == "cuda":
+        n = _ordinal(ordinal, entry) if ordinal else 0
+        card = next((v for v in inventory.views() if v.backend == "cuda" and v.ordinal == n), None)
+        if card is None:
+            raise JitllmError(f"{entry}: no CUDA device {n} for ONNX Runtime's CUDA execution provider")
+        return dataclasses.replace(card, index=-1001 - n, backend="ort", spec=f"ort:cuda:{n}",
+                                   name=f"ONNX Runtime, CUDA execution provider on {card.name}")
+    raise JitllmError(f"{entry}: unknown ONNX Runtime device '{sel}' (use ort, ort:cpu or ort:cuda[:ORD])")
 
 
 def _ordinal(sel: str, entry: str) -> int:

@@ -49,10 +49,14 @@ class GpuDevice:
     unified: bool = False
     speed: float = 0.0
     software: bool = False
+    spec: str | None = None
+    """Its -devices name where that is not `backend:ordinal` (ONNX Runtime's `ort`, `ort:cuda:0`)."""
 
     @property
     def spec_name(self) -> str:
         """The canonical device name used in -devices, placement maps and plans: `cuda:0`, `metal`."""
+        if self.spec is not None:
+            return self.spec
         return "metal" if self.backend == "metal" else f"{self.backend}:{self.ordinal}"
 
 

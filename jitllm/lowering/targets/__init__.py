@@ -6,10 +6,12 @@ from jitllm.core.errors import JitllmError
 from jitllm.lowering.target import Target
 from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.lowering.targets.llvm import LlvmTarget
+from jitllm.lowering.targets.onnxruntime import OnnxRuntimeTarget
 
 TARGETS: dict[str, type] = {
     "llvm": LlvmTarget,
     "cuda": CudaTarget,
+    "onnxruntime": OnnxRuntimeTarget,
 }
 """Target name -> class; each class builds itself from CLI options with `from_options(arch, kernels)`."""
 

@@ -5,12 +5,13 @@ links its devices). The host is always there (backends/host.py)."""
 from __future__ import annotations
 
 from jitllm.core.errors import JitllmError
-from jitllm.runtime.backends import cuda, fake
+from jitllm.runtime.backends import cuda, fake, ort
 from jitllm.runtime.device import Device
 from jitllm.runtime.device_spec import DeviceChoice
 
 BACKENDS = {
     "cuda": cuda,
+    "ort": ort,
     "sim": fake,
 }
 

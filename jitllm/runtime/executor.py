@@ -21,6 +21,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
+from jitllm.ir.rope import rope_tables
 from jitllm.lowering.cache import get_artifact
 from jitllm.lowering.target import kind_for_target
 from jitllm.runtime.backends.base import Tensor
@@ -111,12 +112,6 @@ class Pipeline:
     slots: list[PipelineSlot]
 
 
-def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(positions, dtype=np.float64)[:, None] * inv
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
 class Executor:
     def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
                  cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
@@ -127,7 +122,7 @@ class Executor:
         self._placed: dict[tuple[int | str, str], tuple[BlockKind, Program, Program | None]] = {}
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
-        self._cos, self._sin = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
+        self._cos, self._sin = rope_tables(cfg, ctx)
         embd_parts = {n.split(".", 1)[1]: model.tensor(n) for n in model.tensors if n.startswith("token_embd.")}
         self._embedding = TokenEmbedding(layout.embedding_type, embd_parts, cfg.hidden)
         self.blocks = [self._load_unit(i, placement[i]) for i in range(cfg.num_blocks)]

@@ -33,6 +33,16 @@ def rope_tables(cfg: ModelConfig, positions: int) -> tuple[np.ndarray, np.ndarra
     return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
 
 
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """YaRN's scaling of cos/sin where a config gives no attention_factor (0.1 ln(factor) + 1, or the ratio
+    of two such terms where `mscale` and `mscale_all_dim` are both set, as DeepSeek's configs do)."""
+
+    def get(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    return get(mscale) / get(mscale_all_dim) if mscale and mscale_all_dim else get(1.0)
+
+
 def _llama3(inv: np.ndarray, s: RopeScaling) -> np.ndarray:
     """Wavelengths beyond original_context / low_freq_factor slowed by the factor, those below
     original_context / high_freq_factor kept, a smooth mix between."""

@@ -109,21 +109,14 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
              arch: str = "LlamaForCausalLM") -> Path:
     """The HF directory of the same model: q/k rows back in HF's half-split order, two shards."""
-    from jitllm.tokenizer import gguf_tokenizer
-
     path.mkdir()
-    meta = tiny_tokenizer_metadata()
     tied = "output" not in weights
     (path / "config.json").write_text(json.dumps({
         "architectures": [arch], "hidden_size": HIDDEN, "num_hidden_layers": BLOCKS, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": VOCAB,
         "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": tied, "eos_token_id": 2}))
-    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
-        "eos_token": {"content": "<|im_end|>"}}))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
+    write_hf_tokenizer(path)
     shards: list[dict] = [{}, {}]
     names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
     for name, arr in weights.items():
@@ -139,6 +132,18 @@ def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] |
     for i, shard in enumerate(shards):
         write_safetensors(path / f"model-0000{i + 1}-of-00002.safetensors", shard)
     return path
+
+
+def write_hf_tokenizer(path: Path) -> None:
+    """The tiny 264-token tokenizer's files in an HF directory (tokenizer.json, its config, generation config)."""
+    from jitllm.tokenizer import gguf_tokenizer
+
+    meta = tiny_tokenizer_metadata()
+    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"}}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
 
 
 def jlm_weights(path: Path) -> tuple[dict, dict[str, np.ndarray]]:

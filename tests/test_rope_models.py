@@ -1,17 +1,25 @@
-"""RoPE scaling variants end to end: GGUF files declaring them the way llama.cpp writes them (Llama 3's
-rope_freqs.weight included), converted, give transformers' tables for the config they came from.
+"""RoPE scaling variants end to end: tiny random Hugging Face Llamas (one set of weights, each RoPE config)
+converted and run on the CPU against transformers, and GGUF files declaring the same variants the way
+llama.cpp writes them, against transformers' tables.
+
+The variants differ only in the host's cos/sin tables, so every model here shares one compiled artifact per
+kind. Their original context (64) is shorter than the prompt plus continuation (80 positions), so both sides
+of it are checked. Weights are drawn wide (initializer_range 0.6) so attention, and with it RoPE, decides the
+logits; the prompt's seed is one where no variant's 32 greedy tokens hit a stop token (ours would end there).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
-from test_convert import BLOCKS, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, float_weights, write_gguf
-from transformers import LlamaConfig
+from reference import hf_greedy
+from test_convert import BLOCKS, HEAD_DIM, HEADS, HIDDEN, KV_HEADS, float_weights, write_gguf, write_hf_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from jitllm.convert import convert
@@ -19,6 +27,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import rope_tables
 
+LOGIT_TOL = 1e-3
 THETA, CONTEXT, VOCAB, FFN = 10000.0, 256, 264, 128
 GGUF_THETA = 100000.0  # test_convert.write_gguf's rope.freq_base
 VARIANTS = {
@@ -28,6 +37,8 @@ VARIANTS = {
                "original_max_position_embeddings": 64},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
 }
+PROMPT = np.random.default_rng(19).integers(3, VOCAB, 48).tolist()
+NEW_TOKENS = 32
 
 
 def hf_config(rope: dict, theta: float = THETA) -> LlamaConfig:
@@ -43,6 +54,46 @@ def hf_tables(config: LlamaConfig, positions: int) -> tuple[np.ndarray, np.ndarr
         cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), torch.arange(positions)[None])
     half = cos.shape[-1] // 2
     return cos[0, :, :half].numpy(), sin[0, :, :half].numpy()
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict[str, tuple[LlamaForCausalLM, Path]]:
+    """Variant -> (transformers model, the .jlm converted from its save_pretrained directory)."""
+    root = tmp_path_factory.mktemp("rope")
+    torch.manual_seed(0)
+    weights, out = None, {}
+    for name, rope in VARIANTS.items():
+        hf = LlamaForCausalLM(hf_config(rope)).eval()
+        weights = weights or hf.state_dict()
+        hf.load_state_dict(weights)
+        hf.save_pretrained(root / name)
+        write_hf_tokenizer(root / name)
+        convert(str(root / name), str(root / f"{name}.jlm"), progress=False)
+        out[name] = hf, root / f"{name}.jlm"
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_matches_transformers(variant, hf_models, cache_dir):
+    from jitllm.model import load
+
+    hf, path = hf_models[variant]
+    model = load(path, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir)
+    theirs_tokens = hf_greedy(hf, PROMPT, NEW_TOKENS)
+    assert model.generate_ids(PROMPT, NEW_TOKENS) == theirs_tokens
+    with torch.no_grad():
+        theirs = hf(torch.tensor([PROMPT + theirs_tokens])).logits[0].numpy()
+    session = model.new_session()
+    ours = {19: model.executor.forward(session, PROMPT[:20]), 47: model.executor.forward(session, PROMPT[20:])}
+    for at, token in enumerate(theirs_tokens[:-1], start=len(PROMPT)):
+        ours[at] = model.executor.forward(session, [token])
+    for at, logits in ours.items():
+        assert np.abs(logits - theirs[at]).max() < LOGIT_TOL, f"position {at}"
+    if variant != "plain":  # the variant matters: plain RoPE's logits for the same tokens are far off
+        plain, _ = hf_models["plain"]
+        with torch.no_grad():
+            plain_logits = plain(torch.tensor([PROMPT + theirs_tokens])).logits[0].numpy()
+        assert np.abs(plain_logits - theirs).max() > 100 * LOGIT_TOL
 
 
 def llama_cpp_rope_freqs(rope: dict, theta: float) -> np.ndarray:

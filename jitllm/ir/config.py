@@ -98,9 +98,8 @@ class ModelConfig:
             del data["block_types"]  # pure llama headers stay as they were
         else:
             data["block_types"] = list(self.block_types)
-        if self.rope_scaling == RopeScaling():
-            del data["rope_scaling"]  # and so do plain-RoPE ones
-        else:
+        del data["rope_scaling"]
+        if self.rope_scaling != RopeScaling():  # (plain-RoPE headers stay as they were too)
             data["rope_scaling"] = self.rope_scaling.to_json()
         return data
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -55,7 +56,8 @@ def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
-               arch: str = "llama", pre: str = "smollm") -> Path:
+               arch: str = "llama", pre: str = "smollm", extra: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
+    """A tiny llama GGUF; `extra` adds metadata to the writer (e.g. RoPE scaling keys)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(BLOCKS)
     w.add_context_length(256)
@@ -76,6 +78,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str]
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(meta["tokenizer.chat_template"])
+    if extra:
+        extra(w)
     for name, arr in weights.items():
         qtype = gguf.GGMLQuantizationType[(types or {}).get(name, "F32")]
         data = arr if qtype == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(arr, qtype)
@@ -105,21 +109,14 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
              arch: str = "LlamaForCausalLM") -> Path:
     """The HF directory of the same model: q/k rows back in HF's half-split order, two shards."""
-    from jitllm.tokenizer import gguf_tokenizer
-
     path.mkdir()
-    meta = tiny_tokenizer_metadata()
     tied = "output" not in weights
     (path / "config.json").write_text(json.dumps({
         "architectures": [arch], "hidden_size": HIDDEN, "num_hidden_layers": BLOCKS, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "intermediate_size": FFN, "vocab_size": VOCAB,
         "max_position_embeddings": 256, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": tied, "eos_token_id": 2}))
-    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
-        "eos_token": {"content": "<|im_end|>"}}))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
+    write_hf_tokenizer(path)
     shards: list[dict] = [{}, {}]
     names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
     for name, arr in weights.items():
@@ -135,6 +132,18 @@ def write_hf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] |
     for i, shard in enumerate(shards):
         write_safetensors(path / f"model-0000{i + 1}-of-00002.safetensors", shard)
     return path
+
+
+def write_hf_tokenizer(path: Path) -> None:
+    """The tiny 264-token tokenizer's files in an HF directory (tokenizer.json, its config, generation config)."""
+    from jitllm.tokenizer import gguf_tokenizer
+
+    meta = tiny_tokenizer_metadata()
+    (path / "tokenizer.json").write_text(gguf_tokenizer(meta).to_str())
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": meta["tokenizer.chat_template"], "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"}}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
 
 
 def jlm_weights(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -289,6 +298,20 @@ def _hf_int8(tmp_path: Path) -> Path:
     return path
 
 
+def _gguf_rope(tmp_path: Path, scaling: gguf.RopeScalingType | None = None, ext_factor: float | None = None,
+               freqs: int = 0) -> Path:
+    """A GGUF declaring a RoPE scaling type (with no factor, unless YaRN's `ext_factor` is given), and
+    rope_freqs.weight with `freqs` entries."""
+    def extra(w: gguf.GGUFWriter) -> None:
+        if scaling:
+            w.add_rope_scaling_type(scaling)
+        if ext_factor:
+            w.add_rope_scaling_factor(4.0)
+            w.add_rope_scaling_yarn_ext_factor(ext_factor)
+    weights = float_weights(True) | ({"rope_freqs": np.ones(freqs, np.float32)} if freqs else {})
+    return write_gguf(tmp_path / "m.gguf", weights, extra=extra)
+
+
 BAD_SOURCES = {
     "arch": (lambda t: write_gguf(t / "m.gguf", float_weights(True), arch="qwen2"), "unsupported architecture 'qwen2'"),
     "type": (lambda t: write_gguf(t / "m.gguf", float_weights(True), {"blk.0.ffn_down": "Q5_0"}),
@@ -304,8 +327,21 @@ BAD_SOURCES = {
     "missing": (lambda t: t / "absent.gguf", "absent.gguf: no such file or directory"),
     "hf arch": (lambda t: _hf_edit(t, {"architectures": ["Qwen2ForCausalLM"]}),
                 "unsupported architecture 'Qwen2ForCausalLM'"),
-    "hf rope scaling": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
-                        "rope scaling 'llama3' is not supported"),
+    "hf rope type": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
+                     r"rope scaling 'dynamic' is not supported \(supported: linear, llama3, yarn\)"),
+    "hf rope parameter": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
+                          r"config\.json: rope_scaling lacks 'low_freq_factor' \(rope type 'llama3'\)"),
+    "hf partial rotary": (lambda t: _hf_edit(t, {"partial_rotary_factor": 0.5}),
+                          r"partial rotary embedding \(partial_rotary_factor 0.5\) is not supported"),
+    "gguf rope type": (lambda t: _gguf_rope(t, gguf.RopeScalingType.LONGROPE),
+                       r"rope scaling 'longrope' is not supported \(supported: none, linear, yarn, and llama3 as"),
+    "gguf rope factor": (lambda t: _gguf_rope(t, gguf.RopeScalingType.YARN),
+                         r"GGUF metadata lacks llama\.rope\.scaling\.factor \(rope scaling 'yarn'\)"),
+    "gguf yarn ext_factor": (lambda t: _gguf_rope(t, gguf.RopeScalingType.YARN, ext_factor=0.5),
+                             r"llama\.rope\.scaling\.yarn_ext_factor = 0\.5 is not supported"),
+    "gguf rope_freqs shape": (lambda t: _gguf_rope(t, freqs=3), r"rope_freqs\.weight: shape \[3\], expected \[8\]"),
+    "gguf rope_freqs and yarn": (lambda t: _gguf_rope(t, gguf.RopeScalingType.YARN, freqs=8),
+                                 "rope_freqs.weight with rope scaling 'yarn' is not supported"),
     "hf shape": (lambda t: _hf_edit(t, {"intermediate_size": 128}), r"gate_proj\.weight: shape \[96, 64\], expected \[128, 64\]"),
     "hf tokenizer": (lambda t: _hf_edit(t, drop="tokenizer.json"), "no tokenizer.json"),
     "hf int8": (_hf_int8, r"up_proj\.weight: dtype I8 is not supported"),

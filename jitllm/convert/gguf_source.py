@@ -15,7 +15,8 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.quant import parts_from_float, parts_from_ggml
-from jitllm.ir.config import ModelConfig
+from jitllm.ir.config import ModelConfig, RopeScaling
+from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import header_from_gguf
 
 ARCHITECTURES = ("llama", "mistral")
@@ -78,25 +79,55 @@ class GgufSource:
 
     def _config(self, arch: str) -> ModelConfig:
         p = f"{arch}."
-        scaling = self.metadata.get(p + "rope.scaling.type", "none")
-        if scaling != "none":
-            raise JitllmError(f"rope scaling {scaling!r} is not supported")
-        if "rope_freqs.weight" in self._tensors:
-            raise JitllmError("llama3 rope scaling (rope_freqs.weight) is not supported")
         hidden, heads = int(self._get(p + "embedding_length")), int(self._get(p + "attention.head_count"))
         head_dim = int(self.metadata.get(p + "attention.key_length") or hidden // heads)
         rope_dim = int(self.metadata.get(p + "rope.dimension_count", head_dim))
         if rope_dim != head_dim:
             raise JitllmError(f"partial rotary embedding ({rope_dim} of {head_dim} dims) is not supported")
         vocab, _ = self.info("token_embd")[0]
+        context = int(self._get(p + "context_length"))
         return ModelConfig(
             arch=arch, num_blocks=int(self._get(p + "block_count")), hidden=hidden, heads=heads,
             kv_heads=int(self.metadata.get(p + "attention.head_count_kv", heads)), head_dim=head_dim,
             ffn=int(self._get(p + "feed_forward_length")), vocab=vocab,
-            context=int(self._get(p + "context_length")),
-            rope_theta=_f32(self.metadata.get(p + "rope.freq_base", 10000.0)),
+            context=context, rope_theta=_f32(self.metadata.get(p + "rope.freq_base", 10000.0)),
             rms_eps=_f32(self._get(p + "attention.layer_norm_rms_epsilon")),
-            tied_head="output.weight" not in self._tensors)
+            tied_head="output.weight" not in self._tensors, rope_scaling=self._rope_scaling(p, head_dim, context))
+
+    def _rope_scaling(self, p: str, head_dim: int, context: int) -> RopeScaling:
+        """The RoPE scaling as llama.cpp reads it: rope.scaling.type (linear where it is absent but a factor is
+        set), rope.scaling.factor (or the older rope.scale_linear), rope.scaling.attn_factor on cos/sin, and
+        Llama 3's per-pair frequency divisors in the rope_freqs.weight tensor. YaRN's parameters are the
+        yarn_* keys convert_hf_to_gguf.py copies from config.json, read as transformers reads them."""
+        key, meta = f"{p}rope.scaling.", self.metadata
+        factor = meta.get(key + "factor") or meta.get(p + "rope.scale_linear") or 0.0
+        kind = meta.get(key + "type", "linear" if factor not in (0.0, 1.0) else "none")
+        attn = _f32(meta.get(key + "attn_factor", 1.0))
+        if "rope_freqs.weight" in self._tensors:
+            if kind != "none":
+                raise JitllmError(f"rope_freqs.weight with rope scaling {kind!r} is not supported")
+            divisors = self.floats("rope_freqs")
+            if divisors.shape != (head_dim // 2,):
+                raise JitllmError(f"rope_freqs.weight: shape {list(divisors.shape)}, expected [{head_dim // 2}]")
+            return RopeScaling("llama3", attention_factor=attn, freq_factors=tuple(float(d) for d in divisors))
+        if kind == "none":
+            return RopeScaling(attention_factor=attn)
+        if kind not in ("linear", "yarn"):
+            raise JitllmError(f"rope scaling {kind!r} is not supported (supported: none, linear, yarn, "
+                              "and llama3 as rope_freqs.weight)")
+        if not factor:
+            raise JitllmError(f"{self.path.name}: GGUF metadata lacks {key}factor (rope scaling {kind!r})")
+        factor = _f32(factor)
+        if kind == "linear":
+            return RopeScaling("linear", factor, attention_factor=attn)
+        for name, plain in (("yarn_ext_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+            if meta.get(key + name, plain) != plain:
+                raise JitllmError(f"{key}{name} = {meta[key + name]} is not supported")
+        attention = meta.get(key + "yarn_attn_factor")
+        attention = yarn_attention_factor(factor) if attention is None else _f32(attention)
+        return RopeScaling("yarn", factor, int(meta.get(key + "original_context_length") or context),
+                           beta_fast=_f32(meta.get(key + "yarn_beta_fast", 32.0)),
+                           beta_slow=_f32(meta.get(key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
 
 
 def _f32(value: float) -> float:

@@ -17,11 +17,14 @@ import tokenizers
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.quant import parts_from_float
-from jitllm.ir.config import ModelConfig
+from jitllm.ir.config import ModelConfig, RopeScaling
+from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import stop_token_ids
 
 # config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "llama": "llama", "mistral": "mistral"}
+HF_ROPE_TYPES = ("linear", "llama3", "yarn")
+"""config.json rope types beside "default" (transformers' ROPE_INIT_FUNCTIONS names)."""
 # safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
 DTYPES = {"F32": ("float32", "f32"), "F16": ("float16", "f16"), "BF16": ("uint16", "f32")}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -91,10 +94,7 @@ class HfSource:
         name = (c.get("architectures") or [c.get("model_type")])[0]
         if name not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {name!r} (supported: {', '.join(ARCHITECTURES)})")
-        rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
-        scaling = rope.get("rope_type", rope.get("type", "default"))
-        if scaling != "default":
-            raise JitllmError(f"rope scaling {scaling!r} is not supported")
+        _, rope = _rope_parameters(c)
         for flag in ("attention_bias", "mlp_bias"):
             if c.get(flag):
                 raise JitllmError(f"{flag} is not supported")
@@ -105,10 +105,51 @@ class HfSource:
                 kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=int(c.get("head_dim") or hidden // heads),
                 ffn=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
                 context=int(c.get("max_position_embeddings", 2048)),
-                rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-                rms_eps=float(c.get("rms_norm_eps", 1e-6)), tied_head=bool(c.get("tie_word_embeddings", False)))
+                rope_theta=float(rope.get("rope_theta") or c.get("rope_theta") or 10000.0),
+                rms_eps=float(c.get("rms_norm_eps", 1e-6)), tied_head=bool(c.get("tie_word_embeddings", False)),
+                rope_scaling=hf_rope_scaling(c, self.path / "config.json"))
         except KeyError as e:
             raise JitllmError(f"{self.path / 'config.json'}: missing {e.args[0]}") from None
+
+
+def hf_rope_scaling(c: dict, where: Path) -> RopeScaling:
+    """config.json's RoPE scaling as transformers reads it: `rope_scaling`, else transformers 5's
+    `rope_parameters` (rope_type default, linear, llama3 or yarn, with transformers' defaults)."""
+    key, rope = _rope_parameters(c)
+    partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor"))
+    if partial is not None and partial != 1:
+        raise JitllmError(f"partial rotary embedding (partial_rotary_factor {partial}) is not supported")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return RopeScaling()
+    if kind not in HF_ROPE_TYPES:
+        raise JitllmError(f"rope scaling {kind!r} is not supported (supported: {', '.join(HF_ROPE_TYPES)})")
+
+    def need(name: str) -> float:
+        if not isinstance(rope.get(name), (int, float)):
+            raise JitllmError(f"{where}: {key} lacks {name!r} (rope type {kind!r})")
+        return float(rope[name])
+
+    factor = need("factor")
+    if kind == "linear":
+        return RopeScaling("linear", factor)
+    original = int(c.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                   or c.get("max_position_embeddings", 2048))
+    if kind == "llama3":
+        return RopeScaling("llama3", factor, original, need("low_freq_factor"), need("high_freq_factor"))
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = yarn_attention_factor(factor, rope.get("mscale"), rope.get("mscale_all_dim"))
+    return RopeScaling("yarn", factor, original, beta_fast=float(rope.get("beta_fast") or 32),
+                       beta_slow=float(rope.get("beta_slow") or 1), truncate=bool(rope.get("truncate", True)),
+                       attention_factor=float(attention))
+
+
+def _rope_parameters(c: dict) -> tuple[str, dict]:
+    """The key config.json declares RoPE under and its dict: older configs' `rope_scaling` wins over
+    `rope_parameters`, as in transformers."""
+    key = "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
+    return key, c.get(key) or {}
 
 
 def _read_json(path: Path) -> dict:

@@ -16,6 +16,7 @@ import numpy as np
 
 from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
+from jitllm.ir.rope import rope_tables
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine import captured, forward, kv, pipelined, units
 from jitllm.runtime.engine.embedding import TokenEmbedding
@@ -28,12 +29,6 @@ from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program
 
 
-def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(positions, dtype=np.float64)[:, None] * inv
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
 class Executor:
     def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
                  cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
@@ -44,7 +39,7 @@ class Executor:
         self._placed: dict[tuple[int | str, str], tuple[BlockKind, Program, Program | None]] = {}
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
-        self.rope = rope_tables(ctx, cfg.head_dim, cfg.rope_theta)
+        self.rope = rope_tables(cfg, ctx)
         """(cos, sin) of every position of the context, [ctx, head_dim / 2] each."""
         embd_parts = {n.split(".", 1)[1]: model.tensor(n) for n in model.tensors if n.startswith("token_embd.")}
         self._embedding = TokenEmbedding(layout.embedding_type, embd_parts, cfg.hidden)

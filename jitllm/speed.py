@@ -1,4 +1,5 @@
-"""Prefill (ppN) and decode (tgN) speed of a loaded model, measured the way llama-bench does.
+"""Prefill (ppN) and decode (tgN) speed of a loaded model, measured the way llama-bench does, and the
+named target presets `jitllm speed -targets` compares.
 
 ppN: one forward of an N-token prompt into an empty context. tgN: N single-token greedy steps after a
 one-token prompt. Each repetition uses a fresh session; figures are mean ± standard deviation, as
@@ -12,6 +13,31 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class TargetPreset:
+    """A (target, backend, device) to measure: every block and the head placed on `devices`."""
+
+    name: str
+    target: str
+    backend: str
+    devices: str
+    about: str
+
+    @property
+    def placement(self) -> str | None:
+        """The map that puts the whole model on the preset's device (None: the host, where it is anyway)."""
+        return None if self.devices == "cpu" else f"*={self.devices},head={self.devices}"
+
+
+TARGET_PRESETS = {
+    "llvm": TargetPreset("llvm", "llvm", "host", "cpu", "TVM's llvm kernels on the host CPU"),
+    "ort": TargetPreset("ort", "onnxruntime", "ort", "ort", "ONNX Runtime's CPU execution provider on the block graphs"),
+    "cuda": TargetPreset("cuda", "cuda", "cuda", "cuda:0", "TVM's CUDA kernels on cuda:0"),
+    "ort:cuda": TargetPreset("ort:cuda", "onnxruntime", "ort", "ort:cuda", "ONNX Runtime's CUDA execution provider"),
+}
+"""What `jitllm speed -targets` names (`-targets list` prints them)."""
 
 
 @dataclass(frozen=True)
@@ -88,3 +114,21 @@ def table(name: str, model, results: list[SpeedResult]) -> str:
     rows = ["| model | size | backend | test | t/s |", "| --- | ---: | --- | ---: | ---: |"]
     rows += [f"| {name} | {size} | {where} | {r.test} | {r.mean:.2f} ± {r.sd:.2f} |" for r in results]
     return "\n".join(rows)
+
+
+def target_table(name: str, size_bytes: int, rows: list[tuple[TargetPreset, list[SpeedResult]]]) -> str:
+    """llama-bench's table with a row per target and test, and each test's rate against the first target's."""
+    first = {r.test: r.mean for r in rows[0][1]}
+    lines = [f"| model | size | target | backend | test | t/s | vs {rows[0][0].name} |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+    for preset, results in rows:
+        for r in results:
+            ratio = r.mean / first[r.test] if first.get(r.test) else float("nan")
+            lines.append(f"| {name} | {size_bytes / 2**20:.2f} MiB | {preset.name} | {preset.backend} | {r.test} | "
+                         f"{r.mean:.2f} ± {r.sd:.2f} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def list_targets() -> str:
+    return "\n".join(f"{p.name:<9} target {p.target:<12} backend {p.backend:<5} -devices {p.devices:<9} {p.about}"
+                     for p in TARGET_PRESETS.values())

@@ -152,3 +152,12 @@ def test_block_kinds_are_asked_through_their_type():
                                                      for side in (node.left, *node.comparators)):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+def test_speed_presets_name_registered_targets_and_backends():
+    from jitllm.lowering.targets import TARGETS
+    from jitllm.runtime.backends import BACKENDS
+    from jitllm.speed import TARGET_PRESETS
+
+    for preset in TARGET_PRESETS.values():
+        assert preset.target in TARGETS and (preset.backend in BACKENDS or preset.backend == "host"), preset

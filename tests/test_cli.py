@@ -140,3 +140,19 @@ def test_simulated_devices_from_the_cli_run_like_the_host(tiny_model, cache_dir)
     assert sim.returncode == 0, sim.stderr
     assert sim.stdout == host.stdout and "sim:1" in sim.stderr
     assert_one_line_error(jitllm(*args, "-devices", "sim:0", cache=cache_dir), "set JITLLM_SIM_DEVICES=1")
+
+
+def test_speed_compares_targets_in_one_table(tiny_model, cache_dir):
+    """`jitllm speed -targets llvm,ort`: one llama-bench table, a row per target and test, each rate against
+    the first target's; `-targets list` names the presets; an unknown one is one clear line."""
+    out = jitllm("speed", "-targets", "llvm,ort", "-p", "8", "-n", "2", "-r", "1", str(tiny_model), cache=cache_dir)
+    assert out.returncode == 0, out.stderr
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if line.startswith("| tiny")]
+    assert [(r[2], r[3], r[4]) for r in rows] == [("llvm", "host", "pp8"), ("llvm", "host", "tg2"),
+                                                   ("ort", "ort", "pp8"), ("ort", "ort", "tg2")]
+    assert [r[6] for r in rows[:2]] == ["1.00x", "1.00x"] and all(float(r[6].rstrip("x")) > 0 for r in rows)
+    listed = jitllm("speed", "-targets", "list", cache=cache_dir)
+    assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == [
+        "llvm", "ort", "cuda", "ort:cuda"]
+    assert_one_line_error(jitllm("speed", "-targets", "llvm,tpu", str(tiny_model), cache=cache_dir), "unknown tpu")

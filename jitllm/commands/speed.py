@@ -18,13 +18,29 @@ from jitllm.commands.common import load_model, opt, placement_options
 @opt("preset", default=None, help="measure a random-weight model of a named shape instead (e.g. llama-3.2-3b)")
 @opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
      help="weight type of -preset")
+@opt("targets", default=None, metavar="NAME,...|list",
+     help="measure each named target preset (a target, backend and device) in turn, e.g. llvm,ort; list: show them")
 @placement_options
-def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, **flags) -> None:
+def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, targets, **flags) -> None:
     """Prefill (ppN) and decode (tgN) tokens/s, mean ± sd over -r runs, as llama-bench prints them."""
-    from jitllm.speed import decode_speed, prefill_speed, table
+    from jitllm.speed import TARGET_PRESETS, decode_speed, list_targets, prefill_speed, table, target_table
 
+    if targets is not None and targets.strip() == "list":
+        click.echo(list_targets())
+        return
     if model_path and preset:
         raise click.UsageError("give a MODEL file or -preset NAME (not both)")
+    presets = []
+    if targets is not None:
+        names = [t.strip() for t in targets.split(",")]
+        unknown = [t for t in names if t not in TARGET_PRESETS]
+        if unknown or not names:
+            raise click.UsageError(f"-targets {targets}: unknown {', '.join(unknown) or 'empty list'} "
+                                   f"(known: {', '.join(TARGET_PRESETS)}; -targets list describes them)")
+        source = click.get_current_context().get_parameter_source
+        if any(source(flag) is not click.core.ParameterSource.DEFAULT for flag in ("devices", "placement")):
+            raise click.UsageError("-targets places the model itself: give it without -devices or -placement")
+        presets = [TARGET_PRESETS[t] for t in names]
     ctx = flags["ctx"] or prompt_tokens + gen_tokens + 8
     with tempfile.TemporaryDirectory() as tmp:
         if preset:
@@ -32,11 +48,25 @@ def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, **flags) -
 
             model_path = str(Path(tmp) / f"{preset}.jlm")
             write_random_model(model_path, preset, wtype)
-        model = load_model(model_path, flags, ctx=ctx, gpu_grow=False, tune_seam=False)
-        results = []
-        if prompt_tokens:
-            results.append(prefill_speed(model, prompt_tokens, reps))
-        if gen_tokens:
-            results.append(decode_speed(model, gen_tokens, reps))
         name = f"{preset} {wtype}" if preset else Path(model_path or "smollm2-135m-instruct").stem
-        click.echo(table(name, model, results))
+
+        def measure(**overrides) -> tuple:
+            model = load_model(model_path, flags, ctx=ctx, gpu_grow=False, tune_seam=False, **overrides)
+            results = []
+            if prompt_tokens:
+                results.append(prefill_speed(model, prompt_tokens, reps))
+            if gen_tokens:
+                results.append(decode_speed(model, gen_tokens, reps))
+            return model, results
+
+        if not presets:
+            model, results = measure()
+            click.echo(table(name, model, results))
+            return
+        rows, size = [], 0
+        for target in presets:
+            model, results = measure(devices=target.devices, placement=target.placement, placement_strict=True)
+            size = sum(u.nbytes for u in [*model.executor.blocks, model.executor.head])
+            rows.append((target, results))
+            del model
+        click.echo(target_table(name, size, rows))

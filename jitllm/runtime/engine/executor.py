@@ -67,7 +67,7 @@ class Executor:
         return self.head if index == HEAD else self.blocks[index]
 
     def program(self, kind: BlockKind, device: Device) -> Program:
-        return units.load_program(self, kind, device)
+        return units.program(self, kind, device)
 
     def programs(self, kind: BlockKind, device: Device) -> tuple[Program, Program | None]:
         """The general program and, where the target compiles one, the decode variant."""

@@ -39,7 +39,7 @@ class Unit:
         return self.decode_program if tokens == 1 and self.decode_program is not None else self.program
 
 
-def load_program(ex, kind: BlockKind, device: Device) -> Program:
+def program(ex, kind: BlockKind, device: Device) -> Program:
     """The compiled `kind` on `device` (from the cache, compiled where it lacks it), loaded once."""
     key = (kind, device.name)
     if key not in ex._programs:

@@ -156,3 +156,20 @@ def test_speed_compares_targets_in_one_table(tiny_model, cache_dir):
     assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == [
         "llvm", "ort", "cuda", "ort:cuda"]
     assert_one_line_error(jitllm("speed", "-targets", "llvm,tpu", str(tiny_model), cache=cache_dir), "unknown tpu")
+
+
+def test_run_reads_the_prompt_from_a_file_or_standard_input(tiny_model, cache_dir, tmp_path):
+    prompt = "hello there,\nsecond line"
+    (tmp_path / "p.txt").write_text(prompt)
+    args = ("run", "-n", "6", "-temp", "0", "-devices", "cpu")
+    inline = jitllm(*args, str(tiny_model), prompt, cache=cache_dir)
+    from_file = jitllm(*args, "-f", str(tmp_path / "p.txt"), str(tiny_model), cache=cache_dir)
+    env = dict(os.environ, JITLLM_CACHE_DIR=str(cache_dir))
+    from_stdin = subprocess.run([sys.executable, "-m", "jitllm", *args, "-f", "-", str(tiny_model)], input=prompt,
+                                capture_output=True, text=True, env=env, timeout=600)
+    assert inline.returncode == from_file.returncode == from_stdin.returncode == 0, from_file.stderr
+    assert inline.stdout == from_file.stdout == from_stdin.stdout
+    assert_one_line_error(jitllm(*args, "-f", str(tmp_path / "none.txt"), str(tiny_model), cache=cache_dir),
+                          "none.txt: No such file")
+    assert_one_line_error(jitllm(*args, "-f", str(tmp_path / "p.txt"), str(tiny_model), "x", cache=cache_dir),
+                          "expected [MODEL] with -f")

@@ -10,7 +10,8 @@ from jitllm.commands.common import load_model, opt, placement_options
 
 
 @click.command()
-@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")
+@opt("f", "prompt_file", default=None, metavar="FILE", help="read the prompt from FILE (- for standard input)")
 @opt("n", "max_tokens", type=click.IntRange(min=0), default=256, show_default=True, help="tokens to generate")
 @opt("temp", "temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="0 = greedy")
 @opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary")
@@ -21,14 +22,12 @@ from jitllm.commands.common import load_model, opt, placement_options
 @opt("move-at", "move_at", multiple=True, metavar="TOKEN:SEL=TARGET[,...]",
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
 @placement_options
-def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
+def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
     """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
     from jitllm.runtime.placement import parse_placement
     from jitllm.runtime.sampling import SamplingParams
 
-    if len(args) > 2:
-        raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
-    model_path, prompt = (None, args[0]) if len(args) == 1 else args
+    model_path, prompt = split_prompt(args, prompt_file)
     chat = chat or model_path is None
     schedule = parse_move_at(move_at)
     model = load_model(model_path, flags)
@@ -45,6 +44,28 @@ def run(args, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at
     s = model.last_stats
     click.echo(f"jitllm: prefill {s.prompt_tokens} tokens at {s.prefill_tps:.1f} tok/s, "
                f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
+
+
+def split_prompt(args: tuple[str, ...], prompt_file: str | None) -> tuple[str | None, str]:
+    """([MODEL], PROMPT) from the arguments, the prompt read from -f FILE (or standard input) where given."""
+    wanted = 1 if prompt_file is None else 0
+    if not wanted <= len(args) <= wanted + 1:
+        shape = "[MODEL] PROMPT" if wanted else "[MODEL] with -f"
+        hint = " (quote the prompt)" if len(args) > wanted + 1 and wanted else ""
+        raise click.UsageError(f"expected {shape}, got {len(args)} arguments{hint}")
+    if prompt_file is None:
+        return (None, args[0]) if len(args) == 1 else (args[0], args[1])
+    try:
+        if prompt_file == "-":
+            prompt = sys.stdin.read()
+        else:
+            with open(prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+    except OSError as e:
+        raise click.UsageError(f"-f {prompt_file}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise click.UsageError(f"-f {prompt_file}: not UTF-8 text") from None
+    return (args[0] if args else None), prompt
 
 
 def parse_move_at(values: tuple[str, ...]) -> dict[int, list[str]]:

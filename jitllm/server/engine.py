@@ -94,6 +94,7 @@ class LogprobSampler(Sampler):
 class Slot:
     job: Job
     session: object
+    """Its engine Session (typed loosely: the engine's modules import TVM, which this module must not at start-up)."""
     cached: int
     sampler: Sampler
     tokens: Iterator[int] | None = None
@@ -196,6 +197,19 @@ class Engine:
             self.on_failure(str(e) if isinstance(e, JitllmError) else f"{type(e).__name__}: {e}")
             return
         self.stage = "ready"
+        try:
+            self._serve()
+        except Exception as e:  # noqa: BLE001 (a bug of the loop itself: say so and end the server, never hang)
+            traceback.print_exc(file=sys.stderr)
+            self.stage = f"failed: {type(e).__name__}: {e}"
+            for slot in self._slots:
+                slot.job.deliver(Failed("the engine stopped"))
+            self.on_failure(f"the engine stopped: {type(e).__name__}: {e}")
+            return
+        self.stage = "stopped"
+
+    def _serve(self) -> None:
+        """The loop (the module docstring), until `stop`; the slots still busy then are cancelled."""
         while True:
             with self._cond:
                 while not (self._stopping or self._calls or self._slots or self._queue):
@@ -211,7 +225,6 @@ class Engine:
             self.metrics.observe_kv(self.model.executor, self.cache)
         for slot in list(self._slots):
             self._finish(slot, "cancelled")
-        self.stage = "stopped"
 
     def _answer(self, fn: Callable, future: Future) -> None:
         try:

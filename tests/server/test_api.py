@@ -16,7 +16,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import start
+from jitllmd_process import start
 
 KEY = "test-key"
 

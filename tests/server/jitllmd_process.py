@@ -1,4 +1,5 @@
-"""A real `jitllmd serve` process per test module, on 127.0.0.1 and a port it picks itself, stopped by SIGTERM."""
+"""Running `jitllmd` in tests: a real `serve` process per test module, on 127.0.0.1 and a port it picks itself,
+stopped by SIGTERM; and the verbs run to their end."""
 
 from __future__ import annotations
 

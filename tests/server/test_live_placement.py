@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import jitllmd, start
+from jitllmd_process import jitllmd, start
 
 SIM = {"JITLLM_SIM_DEVICES": "1"}
 PROMPTS = [f"moving prompt {i} ends in {c}" for i, c in enumerate("klmn")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import jitllmd
+from jitllmd_process import jitllmd
 
 
 def assert_one_line_error(result, *needles: str) -> None:

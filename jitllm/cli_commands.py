@@ -2,6 +2,7 @@
 
 from jitllm.commands.compile import compile_command
 from jitllm.commands.convert import convert
+from jitllm.commands.daemon import models, place, serve, sessions
 from jitllm.commands.hardware import hardware
 from jitllm.commands.run import run
 from jitllm.commands.speed import speed
@@ -9,3 +10,4 @@ from jitllm.commands.tokenize import tokenize
 from jitllm.commands.verify import verify
 
 COMMANDS = [run, convert, compile_command, verify, speed, hardware, tokenize]
+DAEMON_COMMANDS = [serve, models, sessions, place]

@@ -82,7 +82,7 @@ class Model:
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special=False)
+            return self.tokenizer.encode_chat(messages)
         return self.tokenizer.encode(prompt)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, sampling: SamplingParams = SamplingParams(),

@@ -18,6 +18,7 @@ PARTS = {
     "tokenizer": "jitllm.tokenizer",
     "convert": "jitllm.convert",
     "api": ("jitllm.model", "jitllm.speed", "jitllm.verify", "jitllm.random_model", "jitllm.default_model"),
+    "server": "jitllm.server",
     "cli": ("jitllm.cli", "jitllm.cli_commands", "jitllm.commands", "jitllm.__main__"),
 }
 
@@ -29,10 +30,12 @@ MAY_IMPORT = {
     "tokenizer": {"core", "tokenizer"},
     "convert": {"core", "ir", "tokenizer", "convert"},
     "api": {"core", "ir", "lowering", "runtime", "tokenizer", "convert", "api"},
+    "server": set(PARTS) - {"cli"},
     "cli": set(PARTS),
 }
 """What each part may import: IR knows no compiler or device, lowering no live state, the runtime no CLI or
-server; the core imports nothing else of jitllm. The bare package `jitllm` (its version) is open to all."""
+server, the server (jitllmd's HTTP API) everything but the CLI, which alone imports it; the core imports
+nothing else of jitllm. The bare package `jitllm` (its version) is open to all."""
 
 
 def part_of(module: str) -> str | None:

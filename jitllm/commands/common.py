@@ -4,6 +4,7 @@ a model (run, speed, verify). The verbs import from here, never from jitllm.cli 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import click
 
@@ -13,10 +14,13 @@ def opt(name: str, *args, **kwargs):
     return click.option(f"-{name}", f"--{name}", *args, **kwargs)
 
 
-def placement_options(func):
-    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -v."""
+def placement_options(func=None, *, devices: str = "auto"):
+    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -v (`devices`: the default of
+    -devices; `@placement_options` or `@placement_options(devices="cpu")`)."""
+    if func is None:
+        return lambda f: placement_options(f, devices=devices)
     decorators = [
-        opt("devices", default="auto", show_default=True, help="auto|all|cpu|gpu[:N]|cuda[:ORD]|vulkan[:SEL]|metal, =BYTES each"),
+        opt("devices", default=devices, show_default=True, help="auto|all|cpu|gpu[:N]|cuda[:ORD]|vulkan[:SEL]|metal, =BYTES each"),
         opt("vram", default=None, help="one weight budget for every device (3G, 512M, bytes)"),
         opt("placement", default=None, help="SEL=TARGET[!|~],... (N, A-B, head, *; host or a device)"),
         opt("placement-strict", "placement_strict", is_flag=True, help="the map is all or nothing"),
@@ -39,9 +43,10 @@ def placement_options(func):
     return func
 
 
-def load_model(model_path: str | None, flags: dict, **overrides):
-    """Load (converting the built-in default when `model_path` is None) and report on stderr. `flags`: the
-    values of `placement_options` by name, `overrides` what a verb sets itself."""
+def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] | None = None, **overrides):
+    """Load (converting the built-in default when `model_path` is None) and report on stderr, or through `log`
+    where given (then -v's plan goes there too). `flags`: the values of `placement_options` by name,
+    `overrides` what a verb sets itself."""
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import LoadOptions, load_with, with_placement
 
@@ -53,7 +58,8 @@ def load_model(model_path: str | None, flags: dict, **overrides):
     option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
     options = LoadOptions(
         devices=f["devices"], vram=f["vram"], placement=option, gpu_layers=f["gpu_layers"], ctx=f["ctx"],
-        cache_dir=f["cache_dir"] or os.environ.get("JITLLM_CACHE_DIR"), log=stderr_log if f["verbose"] else _compile_log,
+        cache_dir=f["cache_dir"] or os.environ.get("JITLLM_CACHE_DIR"),
+        log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"])
     return load_with(model_path, options)

@@ -6,6 +6,7 @@ or straight from a GGUF's metadata, so both sources (GGUF files and HF directori
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,10 @@ from jitllm.core.errors import JitllmError
 
 from .chat_template import compile_template, render_template
 from .gguf_vocab import gguf_tokenizer, token_settings
+
+
+_MARK = re.compile("\ue000([0-9]+)\ue001")
+"""A message's place in a template rendered with placeholders (private-use characters around its index)."""
 
 
 class StreamDecoder:
@@ -101,3 +106,25 @@ class Tokenizer:
                                add_generation_prompt=add_generation_prompt,
                                bos_token=self.token(self.bos_token_id) or "",
                                eos_token=self.token(self.eos_token_id) or "")
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation through the chat template, where the messages' text cannot write the
+        template's markers: the template is rendered with a placeholder for each message's content, its own
+        text is encoded with special tokens parsed and each content without (a user's `<|im_end|>` stays
+        text). The pieces put together must be the template's real rendering (a template that rewrites
+        contents beyond Llama 3's `| trim` cannot be encoded safely: one line says so)."""
+        marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        pieces = _MARK.split(self.apply_chat_template(marked, add_generation_prompt))
+        texts, order = pieces[::2], [int(i) for i in pieces[1::2]]
+        real = self.apply_chat_template(messages, add_generation_prompt)
+        for transform in (lambda text: text, str.strip):
+            contents = [transform(messages[i]["content"]) for i in order]
+            if "".join(t + c for t, c in zip(texts, contents + [""])) == real:
+                break
+        else:
+            raise JitllmError("chat template rewrites the messages' text, so their special tokens cannot be kept "
+                              "apart from the template's")
+        ids: list[int] = []
+        for template_text, content in zip(texts, contents + [""]):
+            ids += self.encode(template_text, add_special=False) + self.encode(content, False, parse_special=False)
+        return ids

@@ -168,3 +168,29 @@ def test_a_reset_session_starts_a_new_arena(model):
     assert session.arenas
     ex.reset_session(session)
     assert not session.arenas and not session.tables
+
+
+def test_a_truncated_session_continues_like_a_fresh_prefill_of_its_prefix(model):
+    """truncate_session keeps the first positions' KV and frees the later pages: what follows is computed as if
+    the prefix alone had been fed (the server's prefix cache reuses a conversation this way)."""
+    ex = model.executor
+    pool = ex.pools["host"]
+    before = pool.free_pages
+    session = ex.new_session()
+    ex.forward(session, list(range(4, 44)))  # 40 positions: 3 pages per block
+    ex.forward(session, [50])
+    assert ex.truncate_session(session, 18) and session.length == 18 and session.tokens == list(range(4, 22))
+    assert pool.free_pages == before - 2 * model.layout.config.num_blocks  # 18 positions: 2 pages per block
+    continued = ex.forward(session, [60, 61])
+    fresh = ex.forward(ex.new_session(), list(range(4, 22)) + [60, 61])
+    assert np.abs(continued - fresh).max() < 1e-4
+    assert not ex.truncate_session(session, 30) and session.length == 20  # no history to keep that far
+
+
+def test_a_recurrent_history_is_not_truncated(tiny_hybrid_model, cache_dir):
+    hybrid = load(tiny_hybrid_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact")
+    ex = hybrid.executor
+    session = ex.new_session()
+    ex.forward(session, [5, 6, 7, 8])
+    assert not ex.truncate_session(session, 2) and session.length == 4
+    assert ex.truncate_session(session, 4)

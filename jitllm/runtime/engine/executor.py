@@ -108,6 +108,18 @@ class Executor:
         self.drop_graphs(session)
         session.forget()
 
+    def truncate_session(self, session: Session, length: int) -> bool:
+        """Cut the session's history back to its first `length` positions, so a prompt that extends that
+        prefix reuses its KV pages (the server's prefix cache). False, and the session unchanged, where a
+        recurrent block folded the positions after `length` into its state (which cannot be cut)."""
+        if length >= session.length:
+            return length == session.length
+        if session.states:
+            return False
+        self.drop_graphs(session)  # (drains, and the next step looks at the rewritten page tables)
+        session.truncate(length)
+        return True
+
     # -- steps ------------------------------------------------------------------------------------
     def embed(self, ids: list[int]) -> np.ndarray:
         return self._embedding.lookup(ids)

@@ -159,6 +159,14 @@ class PageTable:
             self.arena.write(self._own_row(), self.ids)
         return True
 
+    def truncate(self, positions: int) -> None:
+        """Keep the pages that hold the first `positions` positions; the rest go back to the pool."""
+        keep = pages_for(positions, self.pool.page_size)
+        if keep < len(self.ids):
+            self.pool.free(self.ids[keep:])
+            del self.ids[keep:]
+            self.arena.write(self._own_row(), self.ids)
+
     def tensor(self) -> Tensor:
         if self._row < 0:
             self.arena.write(self._own_row(), self.ids)

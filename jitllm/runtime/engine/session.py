@@ -35,6 +35,15 @@ class Session:
             self.arenas[device.name] = TableArena(device)
         return self.arenas[device.name]
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions of its KV history (the caller checked no block keeps recurrent
+        state): later pages go back to their pools, and the next step checks every table again."""
+        for table in self.tables.values():
+            table.truncate(length)
+        self.length = length
+        del self.tokens[length:]
+        self.kv_room = 0
+
     def forget(self) -> None:
         """Drop its history: pages back to their pools, recurrent state freed, step inputs let go."""
         self.step_inputs.clear()

@@ -1,0 +1,337 @@
+"""The engine thread (llama.cpp's server loop): it alone owns the model. HTTP handlers only post jobs (one per
+choice to generate) and calls (a placement move, a look at the sessions) and read what comes back.
+
+Each turn of the loop runs the calls posted since the last turn, admits waiting jobs into free slots (a
+session from the prefix cache each), then runs one step of every busy slot in turn: continuous batch-1
+steps, so every stream moves on a token per turn. Jobs beyond the busy slots wait in a bounded queue; a
+full queue is a 429, never a drop."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from jitllm.core.errors import DeviceFault, JitllmError
+from jitllm.runtime.sampling import Sampler, SamplingParams
+from jitllm.server.errors import ApiError
+from jitllm.server.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Token:
+    """A generated token; with logprobs asked for, its log-probability and the `top` likeliest (id, logprob)."""
+
+    id: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str
+    """stop (a stop token), length (max_tokens or the context), cancelled (the client left)."""
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+Event = Token | Finished | Failed
+
+
+@dataclass
+class Job:
+    """One choice to generate. `deliver` takes its events on the engine thread (it must only hand them over);
+    `cancelled` is set by the handler when its client leaves."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    top_logprobs: int | None
+    ignore_eos: bool
+    deliver: Callable[[Event], None]
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class LogprobSampler(Sampler):
+    """A sampler that also keeps each pick's log-probability under the model (the raw logits, before
+    temperature and penalties, as vLLM reports them) and the `top` likeliest tokens'."""
+
+    def __init__(self, params: SamplingParams, top: int) -> None:
+        super().__init__(params)
+        self.top = top
+        self.last: Token | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return False  # (the logits must come back to the host)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        token = super().__call__(logits)
+        shifted = logits.astype(np.float64) - logits.max()
+        logp = shifted - np.log(np.exp(shifted).sum())
+        best = np.argsort(-logp, kind="stable")[: self.top]
+        self.last = Token(token, float(logp[token]), tuple((int(i), float(logp[i])) for i in best))
+        return token
+
+
+@dataclass
+class Slot:
+    job: Job
+    session: object
+    """Its engine Session (typed loosely: the engine's modules import TVM, which this module must not at start-up)."""
+    cached: int
+    sampler: Sampler
+    tokens: Iterator[int] | None = None
+    generated: list[int] = field(default_factory=list)
+    last_token_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    parallel: int = 4
+    queue: int = 64
+    cache_sessions: int = 32
+    cache_bytes: int | None = None
+    verbose: bool = False
+    """Print every message of the load (-v: the plan too), not only compile, cache, move and fallback events."""
+
+
+class Engine:
+    def __init__(self, load: Callable[[Callable[[str], None]], object], settings: EngineSettings,
+                 metrics: Metrics) -> None:
+        """`load(log)` opens the model (on the engine thread), reporting its progress through `log`."""
+        self._load, self.settings, self.metrics = load, settings, metrics
+        self.stage = "starting"
+        """starting, loading, ready, failed: MESSAGE, stopped."""
+        self.compiled: list[str] = []
+        self.model = None
+        self.cache = None
+        self._cond = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self._calls: deque[tuple[Callable, Future]] = deque()
+        self._outstanding = 0
+        """Jobs queued or in a slot (the bound of `submit`)."""
+        self.accepting = True
+        self._stopping = False
+        self._slots: list[Slot] = []
+        self._thread = threading.Thread(target=self._run, name="jitllm-engine", daemon=True)
+        self.on_failure: Callable[[str], None] = lambda message: None
+
+    @property
+    def ready(self) -> bool:
+        return self.stage == "ready"
+
+    # -- the handlers' side ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.stage = "loading"
+        self._thread.start()
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue the jobs of one request, all or none: 429 (with Retry-After) when the slots and the queue
+        cannot take them all, 503 while loading or shutting down."""
+        with self._cond:
+            if not self.accepting or not self.ready:
+                raise ApiError(503, "the server is shutting down" if not self.accepting else f"model {self.stage}")
+            capacity = self.settings.parallel + self.settings.queue
+            if self._outstanding + len(jobs) > capacity:
+                raise ApiError(429, f"the server is busy ({self._outstanding} requests in its slots and queue)",
+                               headers={"Retry-After": "1"})
+            self._outstanding += len(jobs)
+            self._queue.extend(jobs)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify()
+
+    def call(self, fn: Callable[[object], object]) -> Future:
+        """Run `fn(model)` on the engine thread between two steps; its result (or exception) in the future."""
+        future: Future = Future()
+        with self._cond:
+            if not self.ready:
+                raise ApiError(503, f"model {self.stage}")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def stop_admitting(self) -> None:
+        """SIGTERM: new requests get 503 and queued jobs fail at the engine's next turn; the slots' streams
+        finish. (Called from a signal handler: it only sets a flag.)"""
+        self.accepting = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the engine thread -------------------------------------------------------------------------
+    def _log(self, message: str) -> None:
+        if message.startswith("compiled"):
+            self.compiled.append(message.split(" in ")[0].removeprefix("compiled "))
+        if self.settings.verbose or message.startswith(("compiled", "cache:", "moved", "relocated", "warning:")):
+            print(f"jitllmd: {message}", file=sys.stderr, flush=True)
+
+    def _run(self) -> None:
+        try:
+            self.model = self._load(self._log)
+            from jitllm.server.prefix_cache import PrefixCache  # (after the model: the engine's modules import TVM)
+
+            self.cache = PrefixCache(self.model.executor, self.settings.cache_sessions, self.settings.cache_bytes)
+        except Exception as e:  # noqa: BLE001 (a load that fails for any reason ends the server in one line)
+            self.stage = f"failed: {e}"
+            self.on_failure(str(e) if isinstance(e, JitllmError) else f"{type(e).__name__}: {e}")
+            return
+        self.stage = "ready"
+        try:
+            self._serve()
+        except Exception as e:  # noqa: BLE001 (a bug of the loop itself: say so and end the server, never hang)
+            traceback.print_exc(file=sys.stderr)
+            self.stage = f"failed: {type(e).__name__}: {e}"
+            for slot in self._slots:
+                slot.job.deliver(Failed("the engine stopped"))
+            self.on_failure(f"the engine stopped: {type(e).__name__}: {e}")
+            return
+        self.stage = "stopped"
+
+    def _serve(self) -> None:
+        """The loop (the module docstring), until `stop`; the slots still busy then are cancelled."""
+        while True:
+            with self._cond:
+                while not (self._stopping or self._calls or self._slots or self._queue):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                calls, self._calls = list(self._calls), deque()
+            for fn, future in calls:
+                self._answer(fn, future)
+            self._admit()
+            for slot in list(self._slots):
+                self._step(slot)
+            self.metrics.observe_kv(self.model.executor, self.cache)
+        for slot in list(self._slots):
+            self._finish(slot, "cancelled")
+
+    def _answer(self, fn: Callable, future: Future) -> None:
+        try:
+            future.set_result(fn(self.model))
+        except Exception as e:  # noqa: BLE001 (handed to the handler that asked)
+            future.set_exception(e)
+
+    def _admit(self) -> None:
+        if not self.accepting:
+            with self._cond:
+                waiting, self._queue = list(self._queue), deque()
+                self.metrics.queue_depth.set(0)
+            for job in waiting:
+                self._done(job)
+                job.deliver(Failed("the server is shutting down", 503))
+        while len(self._slots) < self.settings.parallel:
+            with self._cond:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                self.metrics.queue_depth.set(len(self._queue))
+            if job.cancelled:
+                self._done(job)
+                continue
+            session, cached = self.cache.acquire(job.prompt)
+            sampler = (LogprobSampler(job.sampling, job.top_logprobs) if job.top_logprobs is not None
+                       else Sampler(job.sampling))
+            slot = Slot(job, session, cached, sampler)
+            self._slots.append(slot)
+            self.metrics.slots_busy.set(len(self._slots))
+            self.metrics.prompt_tokens.inc(len(job.prompt))
+            self.metrics.cached_tokens.inc(cached)
+            self._begin(slot)
+
+    def _begin(self, slot: Slot) -> None:
+        """(Re)start the slot's generation after what its session holds."""
+        from jitllm.runtime.engine.generation import GenerationStats, generate_ids
+
+        job = slot.job
+        ids = job.prompt + slot.generated
+        stops = set() if job.ignore_eos else set(self.model.tokenizer.stop_token_ids)
+        slot.tokens = generate_ids(self.model.executor, slot.session, ids[slot.session.length:],
+                                   job.max_tokens - len(slot.generated), slot.sampler, stops, GenerationStats())
+
+    def _step(self, slot: Slot) -> None:
+        if slot.job.cancelled:
+            self._finish(slot, "cancelled")
+            return
+        try:
+            token = next(slot.tokens, None)
+        except DeviceFault as fault:
+            self._fall_back(fault)
+            return
+        except Exception as e:  # noqa: BLE001 (one request fails; the server goes on)
+            if not isinstance(e, JitllmError):
+                traceback.print_exc(file=sys.stderr)
+            self._fail(slot, str(e))
+            return
+        if token is None:
+            self._finish(slot, "length" if len(slot.generated) >= slot.job.max_tokens else "stop")
+            return
+        now = time.perf_counter()
+        if slot.generated:
+            self.metrics.inter_token.observe(now - slot.last_token_at)
+        else:
+            self.metrics.first_token.observe(now - slot.job.submitted)
+        slot.last_token_at = now
+        slot.generated.append(token)
+        self.metrics.generated_tokens.inc()
+        slot.job.deliver(slot.sampler.last if isinstance(slot.sampler, LogprobSampler) else Token(token))
+
+    def _fall_back(self, fault: DeviceFault) -> None:
+        """A device failed during some slot's step: every slot stops where it is, the units go home, and each
+        slot starts again on the host from its prompt and what it generated (the sessions were reset)."""
+        if self.model.no_gpu_fallback:
+            for slot in list(self._slots):
+                self._fail(slot, f"{fault} (-no-gpu-fallback is set)")
+            return
+        for slot in self._slots:
+            _close(slot)
+        self._log(f"warning: {fault}; finishing on the CPU")
+        self.model.fall_back_to_host()
+        for slot in self._slots:
+            self._begin(slot)
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        job = slot.job
+        self._release(slot)
+        job.deliver(Finished(reason, len(job.prompt), slot.cached, len(slot.generated)))
+
+    def _fail(self, slot: Slot, message: str) -> None:
+        self._release(slot)
+        slot.job.deliver(Failed(message))
+
+    def _release(self, slot: Slot) -> None:
+        _close(slot)
+        self._slots.remove(slot)
+        self.metrics.slots_busy.set(len(self._slots))
+        self.cache.release(slot.session)
+        self._done(slot.job)
+
+    def _done(self, job: Job) -> None:
+        with self._cond:
+            self._outstanding -= 1
+
+
+def _close(slot: Slot) -> None:
+    """End the slot's generator (a pipelined step launched ahead is waited for and not counted)."""
+    with contextlib.suppress(DeviceFault):  # (a step launched ahead on a device that failed)
+        slot.tokens.close()

@@ -1,0 +1,30 @@
+"""GET and POST /v1/placement, run on the engine thread: where each unit is now (the plan's pins and the
+devices' budgets with it), and moves applied between two steps with every session's pages."""
+
+from __future__ import annotations
+
+from jitllm.server.metrics import Metrics
+
+
+def describe(model) -> dict:
+    plan, executor = model.plan, model.executor
+    units = [{"unit": str(i), "device": unit.device.name, "planned": plan.blocks[i].device,
+              "pinned": plan.blocks[i].pinned, "bytes": unit.nbytes} for i, unit in enumerate(executor.blocks)]
+    units.append({"unit": "head", "device": executor.head.device.name, "planned": plan.head.device,
+                  "pinned": plan.head.pinned, "bytes": executor.head.nbytes})
+    devices = [{"name": d.name, "budget_bytes": d.budget_bytes, "used_bytes": d.used_bytes,
+                "kv_budget_bytes": d.kv_budget_bytes, "kv_bytes": d.kv_bytes} for d in model.devices.values()]
+    return {"units": units, "devices": devices, "plan": plan.describe()}
+
+
+def move(model, spec: str, metrics: Metrics) -> dict:
+    """Apply `SEL=TARGET,...` all or nothing (a JitllmError names what is wrong and nothing has moved)."""
+    from jitllm.runtime.engine.migration import move_units  # (the engine's modules import TVM: not at start-up)
+
+    reports = move_units(model, spec)
+    metrics.moves.inc(len(reports))
+    metrics.moved_bytes.inc(sum(r.weight_bytes + r.kv_bytes + r.state_bytes for r in reports))
+    return {"moves": [{"unit": str(r.unit), "from": r.source, "to": r.dest, "weight_bytes": r.weight_bytes,
+                       "kv_bytes": r.kv_bytes, "state_bytes": r.state_bytes, "ms": round(r.seconds * 1e3, 3)}
+                      for r in reports],
+            "placement": describe(model)}

@@ -102,21 +102,25 @@ class Model:
     def generate_tokens(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
                         session: Session | None = None) -> Iterator[int]:
         """Token ids as they are sampled, with scheduled moves between steps and, after a device
-        failure, the rest finished on the host (unless no_gpu_fallback)."""
+        failure, the rest finished on the host (unless no_gpu_fallback). Generation ends where the context
+        does (`max_tokens` is clamped to it, as llama.cpp does); only a prompt that does not fit is an error."""
         if not ids:
             raise JitllmError("the prompt is empty")
-        if len(ids) + (session.length if session else 0) > self.executor.ctx:
+        held = len(ids) + (session.length if session else 0)
+        if held > self.executor.ctx:
             raise JitllmError(f"prompt of {len(ids)} tokens is longer than the context of {self.executor.ctx}")
+        max_tokens = min(max_tokens, self.executor.ctx - held + 1)  # (the last token is picked, never fed)
         own = session is None
         session = session or self.new_session()
         self.last_stats = stats = GenerationStats()
         sampler = Sampler(sampling)
         stops = set(self.tokenizer.stop_token_ids)
         generated: list[int] = []
+        feed, history = ids, list(session.tokens)
         try:
             while True:
                 try:
-                    for token in generate_ids(self.executor, session, ids + generated, max_tokens - len(generated),
+                    for token in generate_ids(self.executor, session, feed + generated, max_tokens - len(generated),
                                               sampler, stops, stats):
                         generated.append(token)
                         yield token
@@ -129,6 +133,7 @@ class Model:
                     self._log(f"warning: {fault}; finishing on the CPU")
                     self.fall_back_to_host()
                     self.executor.reset_session(session)
+                    feed = history + ids  # (the session's earlier history too: it was on the device)
         finally:
             if own:
                 self.executor.close_session(session)

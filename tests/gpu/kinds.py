@@ -4,7 +4,6 @@ GPU machine."""
 
 from __future__ import annotations
 
-from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
@@ -20,9 +19,13 @@ SPLIT_K_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 8192, 256, 512, 10000.0, 1e
 projection, K 8192, over 4 splits; f16 Q/K/V and O over 2) and add the splits' sums afterwards."""
 
 
+GGML_32_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+"""The weight types of the first kinds (the tests index the list)."""
+
+
 def gpu_test_kinds():
     kinds = []
-    for wtype in WEIGHT_TYPES:
+    for wtype in GGML_32_TYPES:
         kinds += [llama_block_kind(TEST_CFG, {n: wtype for n in BLOCK_LINEARS}), head_kind(TEST_CFG, wtype)]
     tiny = PRESETS["tiny"]
     kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]

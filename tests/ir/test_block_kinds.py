@@ -36,7 +36,7 @@ def _run_both(kind, cache_dir, feeds):
 
 
 @pytest.mark.parametrize("variant", ["separate", "fused", "fused-decode", "fused-folded"])
-@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES[:2] + WEIGHT_TYPES[3:6])
 def test_decoder_block(wtype, variant, cache_dir):
     """The fused decode variant's graph (and a folded kind's at any row count) folds norms, residuals,
     SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies (RotaryPagedAttention's

@@ -1,4 +1,4 @@
-"""The AVX2 machinery the fast CPU linear kernels share (kernels/cpu/linear.py):
+"""The AVX2 machinery the fast CPU linear kernels share (kernels/cpu/linear.py, kernels/cpu/linear_wide.py):
 intrinsics, the int8 quantization of the activations and the loop nest around a kernel's per-block step.
 
 Byte order the AVX2 kernels rely on (core/layouts.py): a 32-byte load of qs[g, b, 4c:4c+4, :] holds
@@ -73,9 +73,10 @@ def widen_halves(s16):
             + T.Cast("int32x8", T.Shuffle([s16], list(range(8, 16)))))
 
 
-def quantize_activations():
+def quantize_activations(half_sums: bool = False):
     """A macro quantizing the 32-block x[m, b] to int8: scale xd, xs = xd * sum(q), and the activation byte
-    patterns xe[t, b, c] (X_PATTERN[c]) the AVX2 dot products read, stored at row t."""
+    patterns xe[t, b, c] (X_PATTERN[c]) the AVX2 dot products read, stored at row t. With `half_sums`,
+    xs[t, 2b + h] = xd * sum(q) over the block's half h (elements 16h..16h+15) instead."""
     P = X_PATTERN
 
     @T.macro
@@ -85,7 +86,11 @@ def quantize_activations():
         qf: T.let = T.nearbyint(v * T.Broadcast(T.if_then_else(amax > T.float32(0), T.float32(127) / amax,
                                                                  T.float32(0)), 32))
         xd[t, b] = amax / T.float32(127)
-        xs[t, b] = hsum(qf, 32) * (amax / T.float32(127))
+        if half_sums:
+            xs[t, 2 * b] = hsum(T.Shuffle([qf], list(range(16))), 16) * (amax / T.float32(127))
+            xs[t, 2 * b + 1] = hsum(T.Shuffle([qf], list(range(16, 32))), 16) * (amax / T.float32(127))
+        else:
+            xs[t, b] = hsum(qf, 32) * (amax / T.float32(127))
         q8: T.let = T.Cast("int8x32", T.Cast("int32x32", qf))
         xe[t, b, 0, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[0])
         xe[t, b, 1, T.ramp(0, 1, 32)] = T.Shuffle([q8], P[1])
@@ -111,7 +116,7 @@ MAIN_SHARE = 0.5
 
 
 def avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, main_share: float | None = None,
-                warm=None, warm_groups: int = 0):
+                warm=None, warm_groups: int = 0, half_sums: bool = False):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
     (cnt tokens: y rows m0.., activation rows t0..).
 
@@ -122,8 +127,9 @@ def avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, mai
 
     `warm(qs, d, mn, g, b)` prefetches one block of a row group: each one-token task first requests its
     first `warm_groups` groups, so their DRAM reads overlap the activation quantization instead of
-    starting when the loop reaches them (every call starts its streams cold)."""
-    quantize = quantize_activations()
+    starting when the loop reaches them (every call starts its streams cold). `half_sums`: xs holds the
+    activation sums per half block (quantize_activations)."""
+    quantize = quantize_activations(half_sums)
     serial = weight_bytes < SERIAL_BYTES or threads < 2
     NT = max(1, threads)
     # task 0 (the calling thread) takes rows [0, G0), the other tasks split the rest evenly
@@ -136,7 +142,7 @@ def avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, mai
         M = x.shape[0]
         xe = T.alloc_buffer((T.max(M, T.int64(NT)), NB, 8, 32), "int8")
         xd = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
-        xs = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
+        xs = T.alloc_buffer((T.max(M, T.int64(NT)), NBP * (2 if half_sums else 1)), "float32")
         if M == 1:
             if serial:
                 for g in T.serial(min(warm_groups, G)):

@@ -12,12 +12,14 @@ Two families, chosen by the target's `kernels` setting:
   an exact integer sum computed with `vpmaddubsw`/`vpmaddwd` straight on the stored bytes; the f16
   block scales are applied once per block in f32. The relative error against the exact kernel is
   that of 8-bit activations (~1e-2 of the largest output for random data, see tests). Prefill tiles 4
-  tokens per weight decode and walks the tokens in L2-sized chunks. f16/f32 weights keep f32
-  activations (the fast float kernel only splits the K sum over 4 accumulators).
+  tokens per weight decode and walks the tokens in L2-sized chunks. Float weights (f32, f16, bf16)
+  keep f32 activations (the fast float kernel only splits the K sum over 4 accumulators).
   Without AVX2 (`isa="generic"`) the quantized formats use the exact kernels: no x86 intrinsic is
   ever emitted for a target that lacks it.
 
-The AVX2 machinery (intrinsics, activation quantization, the loop nest) is in kernels/cpu/avx2.py.
+The AVX2 machinery (intrinsics, activation quantization, the loop nest) is in kernels/cpu/avx2.py; the
+5-bit, 6-bit and K-quant formats' kernels (both families) in kernels/cpu/linear_wide.py. bf16 weights are
+their uint16 bits, widened by a 16-bit shift.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import FLOAT_TYPES, QUANT_BLOCK, ROW_GROUP
 from jitllm.lowering.kernels.cpu.avx2 import (
     PREFETCH_BYTES,
     UNPACK_HI,
@@ -38,6 +40,8 @@ from jitllm.lowering.kernels.cpu.avx2 import (
     psign,
     widen_halves,
 )
+from jitllm.lowering.kernels.cpu.linear_wide import FORMATS as WIDE_FORMATS
+from jitllm.lowering.kernels.cpu.linear_wide import linear_wide_kernel
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")
@@ -53,14 +57,17 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
     if kernels not in KERNELS:
         raise ValueError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
     g, variant = n // R, "exact"
-    if kernels == "fast" and wtype in ("f32", "f16"):
+    if kernels == "fast" and wtype in FLOAT_TYPES:
         func, variant = _float_fast(wtype, g, k), "fast"
+    elif wtype in WIDE_FORMATS:
+        fast = kernels == "fast" and isa == "avx2"
+        func, variant = linear_wide_kernel(wtype, g, k, fast, threads), "avx2" if fast else "exact"
     elif kernels == "fast" and isa == "avx2" and wtype in ("q4_0", "q4_1"):
         func, variant = _q4_avx2(wtype, g, k, threads), "avx2"
     elif kernels == "fast" and isa == "avx2" and wtype == "q8_0":
         func, variant = _q8_0_avx2(g, k, threads), "avx2"
     else:
-        factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
+        factory = {"f32": _float, "f16": _float, "bf16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
         func = factory(wtype, g, k)
     symbol = f"jl_linear_{wtype}_{n}x{k}" + ("" if variant == "exact" else f"_{variant}")
     return symbol, func.with_attr("global_symbol", symbol)
@@ -70,8 +77,19 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
 # exact kernels (f32 activations)
 
 
+def _stored_dtype(wtype: str) -> str:
+    return {"f32": "float32", "f16": "float16", "bf16": "uint16"}[wtype]
+
+
+def _weight(wtype: str, w):
+    """A float weight as float32: bf16 (stored as its uint16 bits) shifted into the high half."""
+    if wtype == "bf16":
+        return T.reinterpret("float32", T.shift_left(T.Cast("uint32", w), T.uint32(16)))
+    return T.Cast("float32", w)
+
+
 def _float(wtype: str, G: int, K: int):
-    wdtype = "float32" if wtype == "f32" else "float16"
+    wdtype = _stored_dtype(wtype)
 
     @T.prim_func
     def f(x_h: T.handle, w: T.Buffer((G, K, R), wdtype), y_h: T.handle):
@@ -85,7 +103,7 @@ def _float(wtype: str, G: int, K: int):
                     y[m, g, r] = T.float32(0)
                 for kk in T.serial(K):
                     for r in T.vectorized(R):
-                        y[m, g, r] = y[m, g, r] + T.Cast("float32", w[g, kk, r]) * x[m, kk]
+                        y[m, g, r] = y[m, g, r] + _weight(wtype, w[g, kk, r]) * x[m, kk]
 
     return f
 
@@ -177,7 +195,7 @@ def _q4(wtype: str, G: int, K: int):
 def _float_fast(wtype: str, G: int, K: int):
     """f32 activations; the K sum is split over 4 interleaved accumulators (latency, not bandwidth, bound
     the single-accumulator loop), kept in a per-group scratch slice so LLVM holds them in registers."""
-    wdtype = "float32" if wtype == "f32" else "float16"
+    wdtype = _stored_dtype(wtype)
     K4 = K // 4
     KT = K - 4 * K4
 
@@ -196,12 +214,12 @@ def _float_fast(wtype: str, G: int, K: int):
                 for i in T.serial(K4):
                     for u in T.unroll(4):
                         for r in T.vectorized(R):
-                            acc[g, u, r] = acc[g, u, r] + T.Cast("float32", w[g, 4 * i + u, r]) * x[m, 4 * i + u]
+                            acc[g, u, r] = acc[g, u, r] + _weight(wtype, w[g, 4 * i + u, r]) * x[m, 4 * i + u]
                 for r in T.vectorized(R):
                     y[m, g, r] = (acc[g, 0, r] + acc[g, 1, r]) + (acc[g, 2, r] + acc[g, 3, r])
                 for t in T.serial(KT):
                     for r in T.vectorized(R):
-                        y[m, g, r] = y[m, g, r] + T.Cast("float32", w[g, 4 * K4 + t, r]) * x[m, 4 * K4 + t]
+                        y[m, g, r] = y[m, g, r] + _weight(wtype, w[g, 4 * K4 + t, r]) * x[m, 4 * K4 + t]
 
     return f
 

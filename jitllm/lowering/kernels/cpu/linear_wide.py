@@ -1,0 +1,245 @@
+"""CPU kernels for the 5-bit, 6-bit and K-quant weight types (q5_0, q5_1, q4_k, q5_k, q6_k), in the two
+families of kernels/cpu/linear.py, reading the layouts of core/layouts.py.
+
+Each 32-block of a row is q = nibble | high << 4 (q5: one high bit, q6_k: two, q4_k: none) times a scale
+plus an offset, the same for every format but for where scale and offset come from:
+- q5_0: d and -16 d;  q5_1: d and m;  q4_k / q5_k: d * sc and -dmin * mn (d, dmin per 256 inputs);
+- q6_k: per half block (16 elements, the low or the high nibbles) d * sc[h] and -32 d * sc[h].
+So y += scale_lo * sum(q x over the low half) + scale_hi * (the high half) + offset * sum(x) per block.
+
+- exact: f32 activations; per (block, half) the q * x sums accumulate in f32 over 8 rows at once.
+- fast (AVX2): the activations quantized to int8 per 32-block (kernels/cpu/avx2.py, as for q4_0/q4_1);
+  the high bits are moved onto the shuffled nibbles with one shift and mask per 32 bytes (the qh layout
+  holds the high bits of qs's 4-byte columns in one byte, layouts.high_bit_position), and `vpmaddubsw`
+  sums q * x exactly: 16-bit sums over at most 30 480 (q4_k: 8 products of 15 * 127 pairs), 31 496
+  (q5: 4 of 31 * 127) and 32 004 (q6_k: 2 of 63 * 127) before they are widened to 32 bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+
+from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, weight_parts
+from jitllm.lowering.kernels.cpu.avx2 import PREFETCH_BYTES, W_SHUFFLE, avx2_driver, maddubs, prefetch, widen_halves
+
+R = ROW_GROUP
+FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+PER_SUPER = SUPER_BLOCK // QUANT_BLOCK
+_UNION = (("qs", "qs"), ("qh", "qh"), ("sc", "sc"), ("mn", "mn"), ("d", "d"), ("d2", "dmin"))
+"""Every format's kernel takes the union of their parts (kernel parameter, part), then drops the absent
+ones; d2 is q5_1's m or the K-quants' dmin."""
+
+
+def _buffers(wtype: str, G: int, K: int) -> tuple:
+    """(shape, dtype) of each union parameter in order (a placeholder where absent), then the absent ones."""
+    parts = {name: (shape, dtype) for name, shape, dtype in weight_parts(wtype, G * R, K)}
+    if "m" in parts:
+        parts["dmin"] = parts.pop("m")
+    return (*[parts.get(part, ((1,), "uint8")) for _, part in _UNION],
+            {param for param, part in _UNION if part not in parts})
+
+
+def _without(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
+    return tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type, func.attrs)
+
+
+def _f32(v):
+    lanes = tvm.DataType(str(v.ty)).lanes
+    return T.Cast("float32" if lanes == 1 else f"float32x{lanes}", v)
+
+
+def _scale(wtype: str, sc, d, g, b, r, h):
+    """The block's (q6_k: half block h's) scale for row r (rows T.ramp(0, 1, R) for all 8 as a vector)."""
+    if wtype in ("q5_0", "q5_1"):
+        return _f32(d[g, b, r])
+    if wtype == "q6_k":
+        return _f32(d[g, b // PER_SUPER, r]) * _f32(sc[g, b, h, r])
+    return _f32(d[g, b // PER_SUPER, r]) * _f32(sc[g, b, r])
+
+
+def _offset(wtype: str, sc, mn, d, d2, g, b, r, h):
+    """What multiplies the sum of the block's (half h's) activations, for row r."""
+    if wtype == "q5_0":
+        return T.float32(-16) * _f32(d[g, b, r])
+    if wtype == "q5_1":
+        return _f32(d2[g, b, r])
+    if wtype == "q6_k":
+        return T.float32(-32) * _scale(wtype, sc, d, g, b, r, h)
+    return T.float32(0) - _f32(d2[g, b // PER_SUPER, r]) * _f32(mn[g, b, r])
+
+
+def _q(qs, qh, g, b, j, r, h, bits: int):
+    """q of element 16 h + j (uint8): its nibble, and its high bits from qh (layouts.high_bit_position)."""
+    nibble = T.bitwise_and(qs[g, b, j, r], T.uint8(15)) if h == 0 else T.shift_right(qs[g, b, j, r], T.uint8(4))
+    if not bits:
+        return nibble
+    s = bits * (2 * (j // 4) + h)
+    high = T.bitwise_and(T.shift_right(qh[g, b, j % 4 + 4 * (s // 8), r], T.Cast("uint8", s % 8)),
+                         T.uint8((1 << bits) - 1))
+    return T.bitwise_or(nibble, T.shift_left(high, T.uint8(4)))
+
+
+def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool, threads: int = 1) -> tvm.tirx.PrimFunc:
+    """x [M, K/32, 32], the parts of `wtype`, y [M, G, R]; `fast`: the AVX2 kernel (kernels/cpu/avx2.py)."""
+    if wtype not in FORMATS:
+        raise ValueError(f"{wtype} is not one of {', '.join(FORMATS)}")
+    return _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
+
+
+def _exact(wtype: str, G: int, K: int):
+    NB = K // QUANT_BLOCK
+    bits = HIGH_BITS.get(wtype, 0)
+    (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
+        (d2_shape, d2_dtype), unused = _buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
+
+    @T.prim_func
+    def f(x_h: T.handle, qs: T.Buffer(qs_shape, qs_dtype), qh: T.Buffer(qh_shape, qh_dtype),
+          sc: T.Buffer(sc_shape, sc_dtype), mn: T.Buffer(mn_shape, mn_dtype), d: T.Buffer(d_shape, d_dtype),
+          d2: T.Buffer(d2_shape, d2_dtype), y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, NB, 32), "float32")
+        y = T.match_buffer(y_h, (M, G, R), "float32")
+        xh = T.alloc_buffer((M, NB, 2), "float32")
+        acc = T.alloc_buffer((G, 2, R), "float32")  # per row group: outside the parallel loop (DESIGN.md §3)
+        for m in T.serial(M):
+            for b in T.serial(NB):
+                for h in T.serial(2):
+                    xh[m, b, h] = T.float32(0)
+                    for j in T.serial(16):
+                        xh[m, b, h] = xh[m, b, h] + x[m, b, 16 * h + j]
+        for g in T.parallel(G):
+            for m in T.serial(M):
+                for r in T.vectorized(R):
+                    y[m, g, r] = T.float32(0)
+                for b in T.serial(NB):
+                    for r in T.vectorized(R):
+                        acc[g, 0, r] = T.float32(0)
+                        acc[g, 1, r] = T.float32(0)
+                    for j in T.unroll(16):
+                        for r in T.vectorized(R):
+                            acc[g, 0, r] = acc[g, 0, r] + _f32(_q(qs, qh, g, b, j, r, 0, bits)) * x[m, b, j]
+                            acc[g, 1, r] = acc[g, 1, r] + _f32(_q(qs, qh, g, b, j, r, 1, bits)) * x[m, b, j + 16]
+                    for r in T.vectorized(R):
+                        y[m, g, r] = (y[m, g, r] + _scale(wtype, sc, d, g, b, r, 0) * acc[g, 0, r]
+                                      + _scale(wtype, sc, d, g, b, r, 1) * acc[g, 1, r]
+                                      + _offset(wtype, sc, mn, d, d2, g, b, r, 0) * xh[m, b, 0]
+                                      + _offset(wtype, sc, mn, d, d2, g, b, r, 1) * xh[m, b, 1])
+
+    return _without(f, unused)
+
+
+def _shifted(v, shift: int):
+    """v << shift, or v >> -shift (uint8x32)."""
+    if shift >= 0:
+        return T.shift_left(v, T.uint8x32(shift))
+    return T.shift_right(v, T.uint8x32(-shift))
+
+
+def _fast(wtype: str, G: int, K: int, threads: int):
+    NB = K // QUANT_BLOCK
+    bits = HIGH_BITS.get(wtype, 0)
+    (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
+        (d2_shape, d2_dtype), unused = _buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
+    S = W_SHUFFLE
+    weight_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+                       for _, shape, dtype in weight_parts(wtype, G * R, K))
+    PF = max(1, round(PREFETCH_BYTES / (NB * (16 + 4 * bits) * R)))  # row groups ahead
+    mask = T.uint8x32(((1 << bits) - 1) << 4)
+    k_quant = wtype in ("q4_k", "q5_k", "q6_k")
+    has_qh = bits > 0  # (a TVMScript `if` takes a bool)
+
+    def qvec(qs, qh, g, b, i):
+        """Shuffled 32-byte vector i of the block's q: chunk c = i % 4 (elements 4c..4c+3), the low nibbles
+        (i < 4) or the high ones, with their high bits from qh."""
+        c, h = i % 4, i // 4
+        w = T.Shuffle([qs.vload([g, b, 4 * c, 0], "uint8x32")], S)
+        q = T.bitwise_and(w, T.uint8x32(15)) if h == 0 else T.shift_right(w, T.uint8x32(4))
+        if not bits:
+            return q
+        s = bits * (2 * c + h)
+        high = T.Shuffle([qh.vload([g, b, 4 * (s // 8), 0], "uint8x32")], S)
+        return T.bitwise_or(q, T.bitwise_and(_shifted(high, 4 - s % 8), mask))
+
+    def dot(q, xe, t, b, i):
+        return maddubs(q[i], xe.vload([t, b, i, 0], "int8x32"))
+
+    def half_sum(q, xe, t, b, h):
+        """int32x8 row sums of q * x over the block's low (h = 0) or high half: q5 sums its 4 products in
+        16 bits, q6_k 2 at a time."""
+        p = [dot(q, xe, t, b, 4 * h + i) for i in range(4)]
+        if bits == 1:
+            return widen_halves(p[0] + p[1] + p[2] + p[3])
+        return widen_halves(p[0] + p[1]) + widen_halves(p[2] + p[3])
+
+    def block_sum(q, xe, t, b):
+        """int32x8 row sums of q * x over the block (q4_k: its 8 products summed in 16 bits)."""
+        if bits:
+            return half_sum(q, xe, t, b, 0) + half_sum(q, xe, t, b, 1)
+        total = dot(q, xe, t, b, 0)
+        for i in range(1, 8):
+            total = total + dot(q, xe, t, b, i)
+        return widen_halves(total)
+
+    def scales(ws, g, b, which):
+        """float32x8 per row: the block's scale (which 0) and offset (1); for q6_k its halves' scales."""
+        qs, qh, sc, mn, d, d2 = ws
+        rows = T.ramp(0, 1, R)
+        if wtype == "q6_k" or which == 0:
+            return _scale(wtype, sc, d, g, b, rows, which)
+        return _offset(wtype, sc, mn, d, d2, g, b, rows, 0)
+
+    def update(q, a0, a1, xe, xd, xs, t, b):
+        """What token t adds to the row group's 8 outputs for this block (q6_k: a0, a1 the halves' scales,
+        whose offsets are -32 times them)."""
+        xd8 = T.Broadcast(xd[t, b], R)
+        if wtype == "q6_k":
+            return (_f32(half_sum(q, xe, t, b, 0)) * (a0 * xd8) + _f32(half_sum(q, xe, t, b, 1)) * (a1 * xd8)
+                    + (a0 * T.Broadcast(xs[t, 2 * b], R) + a1 * T.Broadcast(xs[t, 2 * b + 1], R))
+                    * T.Broadcast(T.float32(-32), R))
+        return _f32(block_sum(q, xe, t, b)) * (a0 * xd8) + a1 * T.Broadcast(xs[t, b], R)
+
+    @T.macro
+    def row_block(ws, unused_d, unused_mn, xe, xd, xs, y, g, b, m0, t0, cnt):
+        T.evaluate(prefetch(ws[0], [T.min(g + PF, G - 1), b, 0, 0]))
+        T.evaluate(prefetch(ws[0], [T.min(g + PF, G - 1), b, 8, 0]))
+        if has_qh:
+            T.evaluate(prefetch(ws[1], [T.min(g + PF, G - 1), b, 0, 0]))
+        q0: T.let = qvec(ws[0], ws[1], g, b, 0)
+        q1: T.let = qvec(ws[0], ws[1], g, b, 1)
+        q2: T.let = qvec(ws[0], ws[1], g, b, 2)
+        q3: T.let = qvec(ws[0], ws[1], g, b, 3)
+        q4: T.let = qvec(ws[0], ws[1], g, b, 4)
+        q5: T.let = qvec(ws[0], ws[1], g, b, 5)
+        q6: T.let = qvec(ws[0], ws[1], g, b, 6)
+        q7: T.let = qvec(ws[0], ws[1], g, b, 7)
+        a0: T.let = scales(ws, g, b, 0)
+        a1: T.let = scales(ws, g, b, 1)
+        for i in T.unroll(cnt):
+            y[m0 + i, g, T.ramp(0, 1, R)] = (y[m0 + i, g, T.ramp(0, 1, R)]
+                                             + update([q0, q1, q2, q3, q4, q5, q6, q7], a0, a1, xe, xd, xs, t0 + i, b))
+
+    @T.macro
+    def warm_block(ws, unused_d, unused_mn, g, b):
+        T.evaluate(prefetch(ws[0], [g, b, 0, 0]))
+        T.evaluate(prefetch(ws[0], [g, b, 8, 0]))
+        if has_qh:
+            T.evaluate(prefetch(ws[1], [g, b, 0, 0]))
+        if b % 4 == 0:
+            T.evaluate(prefetch(ws[4], [g, b // PER_SUPER if k_quant else b, 0]))
+
+    body = avx2_driver(G, NB, threads, weight_bytes, row_block, None, warm_block, PF, half_sums=wtype == "q6_k")
+
+    @T.prim_func
+    def f(x_h: T.handle, qs: T.Buffer(qs_shape, qs_dtype), qh: T.Buffer(qh_shape, qh_dtype),
+          sc: T.Buffer(sc_shape, sc_dtype), mn: T.Buffer(mn_shape, mn_dtype), d: T.Buffer(d_shape, d_dtype),
+          d2: T.Buffer(d2_shape, d2_dtype), y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, NB, 32), "float32")
+        y = T.match_buffer(y_h, (M, G, R), "float32")
+        body(x, (qs, qh, sc, mn, d, d2), None, None, y)
+
+    return _without(f, unused)

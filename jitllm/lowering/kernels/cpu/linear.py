@@ -40,8 +40,8 @@ from jitllm.lowering.kernels.cpu.avx2 import (
     psign,
     widen_halves,
 )
-from jitllm.lowering.kernels.cpu.linear_wide import FORMATS as WIDE_FORMATS
 from jitllm.lowering.kernels.cpu.linear_wide import linear_wide_kernel
+from jitllm.lowering.kernels.formats import FLOAT_STORAGE, WIDE_FORMATS, float_weight
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")
@@ -77,19 +77,8 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
 # exact kernels (f32 activations)
 
 
-def _stored_dtype(wtype: str) -> str:
-    return {"f32": "float32", "f16": "float16", "bf16": "uint16"}[wtype]
-
-
-def _weight(wtype: str, w):
-    """A float weight as float32: bf16 (stored as its uint16 bits) shifted into the high half."""
-    if wtype == "bf16":
-        return T.reinterpret("float32", T.shift_left(T.Cast("uint32", w), T.uint32(16)))
-    return T.Cast("float32", w)
-
-
 def _float(wtype: str, G: int, K: int):
-    wdtype = _stored_dtype(wtype)
+    wdtype = FLOAT_STORAGE[wtype]
 
     @T.prim_func
     def f(x_h: T.handle, w: T.Buffer((G, K, R), wdtype), y_h: T.handle):
@@ -103,7 +92,7 @@ def _float(wtype: str, G: int, K: int):
                     y[m, g, r] = T.float32(0)
                 for kk in T.serial(K):
                     for r in T.vectorized(R):
-                        y[m, g, r] = y[m, g, r] + _weight(wtype, w[g, kk, r]) * x[m, kk]
+                        y[m, g, r] = y[m, g, r] + float_weight(wtype, w[g, kk, r]) * x[m, kk]
 
     return f
 
@@ -195,7 +184,7 @@ def _q4(wtype: str, G: int, K: int):
 def _float_fast(wtype: str, G: int, K: int):
     """f32 activations; the K sum is split over 4 interleaved accumulators (latency, not bandwidth, bound
     the single-accumulator loop), kept in a per-group scratch slice so LLVM holds them in registers."""
-    wdtype = _stored_dtype(wtype)
+    wdtype = FLOAT_STORAGE[wtype]
     K4 = K // 4
     KT = K - 4 * K4
 
@@ -214,12 +203,12 @@ def _float_fast(wtype: str, G: int, K: int):
                 for i in T.serial(K4):
                     for u in T.unroll(4):
                         for r in T.vectorized(R):
-                            acc[g, u, r] = acc[g, u, r] + _weight(wtype, w[g, 4 * i + u, r]) * x[m, 4 * i + u]
+                            acc[g, u, r] = acc[g, u, r] + float_weight(wtype, w[g, 4 * i + u, r]) * x[m, 4 * i + u]
                 for r in T.vectorized(R):
                     y[m, g, r] = (acc[g, 0, r] + acc[g, 1, r]) + (acc[g, 2, r] + acc[g, 3, r])
                 for t in T.serial(KT):
                     for r in T.vectorized(R):
-                        y[m, g, r] = y[m, g, r] + _weight(wtype, w[g, 4 * K4 + t, r]) * x[m, 4 * K4 + t]
+                        y[m, g, r] = y[m, g, r] + float_weight(wtype, w[g, 4 * K4 + t, r]) * x[m, 4 * K4 + t]
 
     return f
 

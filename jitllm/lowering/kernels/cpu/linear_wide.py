@@ -1,11 +1,8 @@
 """CPU kernels for the 5-bit, 6-bit and K-quant weight types (q5_0, q5_1, q4_k, q5_k, q6_k), in the two
 families of kernels/cpu/linear.py, reading the layouts of core/layouts.py.
 
-Each 32-block of a row is q = nibble | high << 4 (q5: one high bit, q6_k: two, q4_k: none) times a scale
-plus an offset, the same for every format but for where scale and offset come from:
-- q5_0: d and -16 d;  q5_1: d and m;  q4_k / q5_k: d * sc and -dmin * mn (d, dmin per 256 inputs);
-- q6_k: per half block (16 elements, the low or the high nibbles) d * sc[h] and -32 d * sc[h].
-So y += scale_lo * sum(q x over the low half) + scale_hi * (the high half) + offset * sum(x) per block.
+Per 32-block (kernels/formats.py: q, scale and offset), y += scale_lo * sum(q x over the low half) +
+scale_hi * (the high half) + offset * sum(x); the halves' scales differ only for q6_k.
 
 - exact: f32 activations; per (block, half) the q * x sums accumulate in f32 over 8 rows at once.
 - fast (AVX2): the activations quantized to int8 per 32-block (kernels/cpu/avx2.py, as for q4_0/q4_1);
@@ -21,70 +18,26 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, weight_parts
+from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.lowering.kernels.cpu.avx2 import PREFETCH_BYTES, W_SHUFFLE, avx2_driver, maddubs, prefetch, widen_halves
+from jitllm.lowering.kernels.formats import (
+    PER_SUPER,
+    WIDE_FORMATS,
+    block_offset,
+    block_scale,
+    q_value,
+    to_f32,
+    union_buffers,
+    without_params,
+)
 
 R = ROW_GROUP
-FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
-PER_SUPER = SUPER_BLOCK // QUANT_BLOCK
-_UNION = (("qs", "qs"), ("qh", "qh"), ("sc", "sc"), ("mn", "mn"), ("d", "d"), ("d2", "dmin"))
-"""Every format's kernel takes the union of their parts (kernel parameter, part), then drops the absent
-ones; d2 is q5_1's m or the K-quants' dmin."""
-
-
-def _buffers(wtype: str, G: int, K: int) -> tuple:
-    """(shape, dtype) of each union parameter in order (a placeholder where absent), then the absent ones."""
-    parts = {name: (shape, dtype) for name, shape, dtype in weight_parts(wtype, G * R, K)}
-    if "m" in parts:
-        parts["dmin"] = parts.pop("m")
-    return (*[parts.get(part, ((1,), "uint8")) for _, part in _UNION],
-            {param for param, part in _UNION if part not in parts})
-
-
-def _without(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
-    return tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type, func.attrs)
-
-
-def _f32(v):
-    lanes = tvm.DataType(str(v.ty)).lanes
-    return T.Cast("float32" if lanes == 1 else f"float32x{lanes}", v)
-
-
-def _scale(wtype: str, sc, d, g, b, r, h):
-    """The block's (q6_k: half block h's) scale for row r (rows T.ramp(0, 1, R) for all 8 as a vector)."""
-    if wtype in ("q5_0", "q5_1"):
-        return _f32(d[g, b, r])
-    if wtype == "q6_k":
-        return _f32(d[g, b // PER_SUPER, r]) * _f32(sc[g, b, h, r])
-    return _f32(d[g, b // PER_SUPER, r]) * _f32(sc[g, b, r])
-
-
-def _offset(wtype: str, sc, mn, d, d2, g, b, r, h):
-    """What multiplies the sum of the block's (half h's) activations, for row r."""
-    if wtype == "q5_0":
-        return T.float32(-16) * _f32(d[g, b, r])
-    if wtype == "q5_1":
-        return _f32(d2[g, b, r])
-    if wtype == "q6_k":
-        return T.float32(-32) * _scale(wtype, sc, d, g, b, r, h)
-    return T.float32(0) - _f32(d2[g, b // PER_SUPER, r]) * _f32(mn[g, b, r])
-
-
-def _q(qs, qh, g, b, j, r, h, bits: int):
-    """q of element 16 h + j (uint8): its nibble, and its high bits from qh (layouts.high_bit_position)."""
-    nibble = T.bitwise_and(qs[g, b, j, r], T.uint8(15)) if h == 0 else T.shift_right(qs[g, b, j, r], T.uint8(4))
-    if not bits:
-        return nibble
-    s = bits * (2 * (j // 4) + h)
-    high = T.bitwise_and(T.shift_right(qh[g, b, j % 4 + 4 * (s // 8), r], T.Cast("uint8", s % 8)),
-                         T.uint8((1 << bits) - 1))
-    return T.bitwise_or(nibble, T.shift_left(high, T.uint8(4)))
 
 
 def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool, threads: int = 1) -> tvm.tirx.PrimFunc:
     """x [M, K/32, 32], the parts of `wtype`, y [M, G, R]; `fast`: the AVX2 kernel (kernels/cpu/avx2.py)."""
-    if wtype not in FORMATS:
-        raise ValueError(f"{wtype} is not one of {', '.join(FORMATS)}")
+    if wtype not in WIDE_FORMATS:
+        raise ValueError(f"{wtype} is not one of {', '.join(WIDE_FORMATS)}")
     return _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
 
 
@@ -92,7 +45,7 @@ def _exact(wtype: str, G: int, K: int):
     NB = K // QUANT_BLOCK
     bits = HIGH_BITS.get(wtype, 0)
     (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
-        (d2_shape, d2_dtype), unused = _buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
+        (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer(qs_shape, qs_dtype), qh: T.Buffer(qh_shape, qh_dtype),
@@ -120,15 +73,15 @@ def _exact(wtype: str, G: int, K: int):
                         acc[g, 1, r] = T.float32(0)
                     for j in T.unroll(16):
                         for r in T.vectorized(R):
-                            acc[g, 0, r] = acc[g, 0, r] + _f32(_q(qs, qh, g, b, j, r, 0, bits)) * x[m, b, j]
-                            acc[g, 1, r] = acc[g, 1, r] + _f32(_q(qs, qh, g, b, j, r, 1, bits)) * x[m, b, j + 16]
+                            acc[g, 0, r] = acc[g, 0, r] + to_f32(q_value(qs, qh, g, b, j, r, 0, bits)) * x[m, b, j]
+                            acc[g, 1, r] = acc[g, 1, r] + to_f32(q_value(qs, qh, g, b, j, r, 1, bits)) * x[m, b, j + 16]
                     for r in T.vectorized(R):
-                        y[m, g, r] = (y[m, g, r] + _scale(wtype, sc, d, g, b, r, 0) * acc[g, 0, r]
-                                      + _scale(wtype, sc, d, g, b, r, 1) * acc[g, 1, r]
-                                      + _offset(wtype, sc, mn, d, d2, g, b, r, 0) * xh[m, b, 0]
-                                      + _offset(wtype, sc, mn, d, d2, g, b, r, 1) * xh[m, b, 1])
+                        y[m, g, r] = (y[m, g, r] + block_scale(wtype, sc, d, g, b, r, 0) * acc[g, 0, r]
+                                      + block_scale(wtype, sc, d, g, b, r, 1) * acc[g, 1, r]
+                                      + block_offset(wtype, sc, mn, d, d2, g, b, r, 0) * xh[m, b, 0]
+                                      + block_offset(wtype, sc, mn, d, d2, g, b, r, 1) * xh[m, b, 1])
 
-    return _without(f, unused)
+    return without_params(f, unused)
 
 
 def _shifted(v, shift: int):
@@ -142,7 +95,7 @@ def _fast(wtype: str, G: int, K: int, threads: int):
     NB = K // QUANT_BLOCK
     bits = HIGH_BITS.get(wtype, 0)
     (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
-        (d2_shape, d2_dtype), unused = _buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
+        (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
     S = W_SHUFFLE
     weight_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
                        for _, shape, dtype in weight_parts(wtype, G * R, K))
@@ -188,18 +141,18 @@ def _fast(wtype: str, G: int, K: int, threads: int):
         qs, qh, sc, mn, d, d2 = ws
         rows = T.ramp(0, 1, R)
         if wtype == "q6_k" or which == 0:
-            return _scale(wtype, sc, d, g, b, rows, which)
-        return _offset(wtype, sc, mn, d, d2, g, b, rows, 0)
+            return block_scale(wtype, sc, d, g, b, rows, which)
+        return block_offset(wtype, sc, mn, d, d2, g, b, rows, 0)
 
     def update(q, a0, a1, xe, xd, xs, t, b):
         """What token t adds to the row group's 8 outputs for this block (q6_k: a0, a1 the halves' scales,
         whose offsets are -32 times them)."""
         xd8 = T.Broadcast(xd[t, b], R)
         if wtype == "q6_k":
-            return (_f32(half_sum(q, xe, t, b, 0)) * (a0 * xd8) + _f32(half_sum(q, xe, t, b, 1)) * (a1 * xd8)
+            return (to_f32(half_sum(q, xe, t, b, 0)) * (a0 * xd8) + to_f32(half_sum(q, xe, t, b, 1)) * (a1 * xd8)
                     + (a0 * T.Broadcast(xs[t, 2 * b], R) + a1 * T.Broadcast(xs[t, 2 * b + 1], R))
                     * T.Broadcast(T.float32(-32), R))
-        return _f32(block_sum(q, xe, t, b)) * (a0 * xd8) + a1 * T.Broadcast(xs[t, b], R)
+        return to_f32(block_sum(q, xe, t, b)) * (a0 * xd8) + a1 * T.Broadcast(xs[t, b], R)
 
     @T.macro
     def row_block(ws, unused_d, unused_mn, xe, xd, xs, y, g, b, m0, t0, cnt):
@@ -242,4 +195,4 @@ def _fast(wtype: str, G: int, K: int, threads: int):
         y = T.match_buffer(y_h, (M, G, R), "float32")
         body(x, (qs, qh, sc, mn, d, d2), None, None, y)
 
-    return _without(f, unused)
+    return without_params(f, unused)

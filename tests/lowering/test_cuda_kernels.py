@@ -1,9 +1,10 @@
-"""Which CUDA kernel a linear gets (compiling CUDA needs nvcc; these only build the TIR)."""
+"""Which CUDA kernel a linear gets (these build the TIR or CUDA source; one test runs nvcc where it exists)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -327,3 +328,23 @@ def test_a_q4_k_m_block_and_a_q6_k_head_build_cuda_code():
                                 relax_pipeline=_pipeline(tvm_target))
         source = built.mod.imports[0].imports[0].inspect_source("")
         assert all(re.search(rf"__global__ void .*\b{name}\w*_kernel\(", source) for name in kernels), kind
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_newer_formats_compile_to_gpu_code_with_nvcc(tmp_path):
+    """nvcc takes what TVM generates for them (an 8-wide float vector, say, it would not): a Q4_K_M decode
+    block, a Q5_1 head's decode matvec and a BF16 head's prefill linear and embedding gather, as cubins."""
+    from jitllm.ir.head import head_kind
+    from jitllm.ir.llama import llama_block_kind
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.random_model import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], hidden=256, head_dim=64, ffn=512)
+    mix = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q4_k", "ffn_gate": "q4_k",
+           "ffn_up": "q4_k", "ffn_down": "q6_k"}
+    target = CudaTarget("sm_90")
+    for kind in (llama_block_kind(cfg, mix).decode_variant(), head_kind(cfg, "q5_1").decode_variant(),
+                 head_kind(cfg, "bf16")):
+        artifact = get_artifact(kind_for_target(kind, target), target, tmp_path)
+        assert artifact.path.read_bytes().count(b"\x7fELF") >= 2  # the host library and a cubin inside it

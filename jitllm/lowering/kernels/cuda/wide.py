@@ -15,10 +15,11 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import HIGH_BITS, ROW_GROUP
+from jitllm.core.layouts import HIGH_BITS, K_QUANTS, ROW_GROUP
 from jitllm.lowering.kernels.cuda.basic import await_previous_kernel
 from jitllm.lowering.kernels.cuda.gemv import Fold, block_sum_and_store, read_input, threads_for, zero_sums
 from jitllm.lowering.kernels.formats import (
+    PER_SUPER,
     assemble_q,
     block_offset,
     block_scale,
@@ -33,10 +34,15 @@ R = ROW_GROUP
 
 
 @T.macro
-def _item(acc, xv, ss, ql, hl, sl, ol, ws, x, nw, g, e, K, wtype, bits, halves, fold):
-    """Add item e (block e // 16, byte column e % 16: elements j and j + 16) of row group g to the R sums;
-    `halves`: 2 where the block's halves have their own scales (q6_k), else 1."""
+def _item(acc, xv, ss, ql, hl, sw, sl, ol, ws, x, nw, g, e, K, wtype, bits, halves, per, has_mn, has_d2, fold):
+    """Add item e (block e // 16, byte column e % 16: elements j and j + 16) of row group g to the R sums.
+
+    The block's scale parts are copied by vector loads into `sw`, locals shaped as one block of them
+    ([1, 1, ...]: formats.block_scale reads them at block 0), then its scales and offsets computed per row
+    (an 8-wide float vector has no CUDA type). `halves`: 2 where the halves have their own scales (q6_k);
+    `per`: blocks per d (8 for the K-quants); has_mn / has_d2: the format has those parts."""
     qs, qh, sc, mn, d, d2 = ws
+    scl, mnl, dl, d2l = sw
     b: T.let = e // 16
     j: T.let = e % 16
     read_input(xv, 0, ss, x, nw, b * 32 + j, K, fold.norm, fold.swiglu)
@@ -46,11 +52,24 @@ def _item(acc, xv, ss, ql, hl, sl, ol, ws, x, nw, g, e, K, wtype, bits, halves, 
     if bits > 0:
         for r in T.vectorized(R):
             hl[r] = qh[g, b, high_bit_slot(j, 0, bits)[0], r]
+    for r in T.vectorized(R):
+        dl[0, 0, r] = d[g, b // per, r]
+    if halves == 2:
+        for h in T.unroll(2):
+            for r in T.vectorized(R):
+                scl[0, 0, h, r] = sc[g, b, h, r]
+    if has_mn:
+        for r in T.vectorized(R):
+            scl[0, 0, r] = sc[g, b, r]
+        for r in T.vectorized(R):
+            mnl[0, 0, r] = mn[g, b, r]
+    if has_d2:
+        for r in T.vectorized(R):
+            d2l[0, 0, r] = d2[g, b // per, r]
     for h in T.unroll(halves):
-        for r in T.vectorized(R):
-            sl[h, r] = block_scale(wtype, sc, d, g, b, r, h)
-        for r in T.vectorized(R):
-            ol[h, r] = block_offset(wtype, sc, mn, d, d2, g, b, r, h)
+        for r in T.serial(R):
+            sl[h, r] = block_scale(wtype, scl, dl, 0, 0, r, h)
+            ol[h, r] = block_offset(wtype, scl, mnl, dl, d2l, 0, 0, r, h)
     for r in T.serial(R):
         lo: T.let = to_f32(assemble_q(ql[r], hl[r], 0, high_bit_slot(j, 0, bits)[1], bits))
         hi: T.let = to_f32(assemble_q(ql[r], hl[r], 1, high_bit_slot(j, 1, bits)[1], bits))
@@ -63,11 +82,15 @@ def wide_gemv(wtype: str, G: int, K: int, fold: Fold, dependent: bool) -> tvm.ti
     (gemv.gemv_kernel drops nw and res where the fold takes none)."""
     bits = HIGH_BITS.get(wtype, 0)
     halves = 2 if wtype == "q6_k" else 1
+    per = PER_SUPER if wtype in K_QUANTS else 1
+    has_mn, has_d2 = wtype in ("q4_k", "q5_k"), wtype in ("q5_1", "q4_k", "q5_k")
     ITEMS = K // 2
     NT = threads_for(ITEMS)
     XK = 2 * K if fold.swiglu else K
     (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
         (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names)
+    sc_local, mn_local, d_local, d2_local = [(1, 1, *shape[2:]) if len(shape) > 2 else (1, 1, R)
+                                             for shape in (sc_shape, mn_shape, d_shape, d2_shape)]
 
     @T.prim_func
     def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), qs: T.Buffer(qs_shape, qs_dtype),
@@ -84,6 +107,10 @@ def wide_gemv(wtype: str, G: int, K: int, fold: Fold, dependent: bool) -> tvm.ti
                 xv = T.alloc_buffer((2,), "float32", scope="local")
                 ql = T.alloc_buffer((R,), "uint8", scope="local")
                 hl = T.alloc_buffer((R,), "uint8", scope="local")
+                scl = T.alloc_buffer(sc_local, sc_dtype, scope="local")
+                mnl = T.alloc_buffer(mn_local, mn_dtype, scope="local")
+                dl = T.alloc_buffer(d_local, d_dtype, scope="local")
+                d2l = T.alloc_buffer(d2_local, d2_dtype, scope="local")
                 sl = T.alloc_buffer((2, R), "float32", scope="local")
                 ol = T.alloc_buffer((2, R), "float32", scope="local")
                 await_previous_kernel(dependent)
@@ -91,8 +118,8 @@ def wide_gemv(wtype: str, G: int, K: int, fold: Fold, dependent: bool) -> tvm.ti
                 ss[0] = T.float32(0)
                 for step in T.unroll((ITEMS + NT - 1) // NT):
                     if step * NT + t < ITEMS:
-                        _item(acc, xv, ss, ql, hl, sl, ol, (qs, qh, sc, mn, d, d2), x, nw, g, step * NT + t, K,
-                              wtype, bits, halves, fold)
+                        _item(acc, xv, ss, ql, hl, (scl, mnl, dl, d2l), sl, ol, (qs, qh, sc, mn, d, d2), x, nw, g,
+                              step * NT + t, K, wtype, bits, halves, per, has_mn, has_d2, fold)
                 block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold)
 
     return without_params(f, unused)

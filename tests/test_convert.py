@@ -19,6 +19,7 @@ from jitllm.convert.hf_source import permute_rows
 from jitllm.core import kquant_encode
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.core.layouts import K_QUANTS
 from jitllm.core.quant import dequantize
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BLOCKS = 64, 4, 2, 16, 96, 264, 2
@@ -66,7 +67,7 @@ def float_weights(tied: bool, seed: int = 0, dims: dict[str, int] = TINY) -> dic
 
 def ggml_bytes(w: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """GGML blocks of `w`: gguf's quantizers, jitllm's for the K-quants gguf has none for."""
-    if qtype.name.lower() in kquant_encode.ENCODED:
+    if qtype.name.lower() in K_QUANTS:
         return kquant_encode.quantize(qtype.name.lower(), w)
     return gguf.quants.quantize(w, qtype)
 

@@ -24,8 +24,9 @@ def test_every_weight_type_is_written_as_its_layout(tmp_path, wtype):
     assert f.header["weights"]["token_embd"] == wtype
     assert set(f.header["weights"]["blocks"][0].values()) == {wtype}
     n, k = WIDE.ffn, WIDE.hidden
-    parts = {name: f.tensor(f"blk.0.ffn_up.{name}") for name, _, _ in weight_parts(wtype, n, k)}
-    assert all(parts[name].shape == shape and parts[name].dtype == dtype for name, shape, dtype in weight_parts(wtype, n, k))
+    specs = weight_parts(wtype, n, k)
+    parts = {name: f.tensor(f"blk.0.ffn_up.{name}") for name, _, _ in specs}
+    assert all(parts[name].shape == shape and parts[name].dtype == dtype for name, shape, dtype in specs)
     w = dequantize(wtype, parts)
     assert np.isfinite(w).all() and 0.8 < w.std() * np.sqrt(k) < 1.2  # N(0, 1/fan_in), quantized
 

@@ -14,8 +14,7 @@ import numpy as np
 from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, SUPER_BLOCK, high_bit_position
 
 BLOCK_BYTES = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210}
-"""Bytes of one GGML block (32 inputs for q5_0/q5_1, 256 for the K-quants)."""
-FORMATS = tuple(BLOCK_BYTES)
+"""Bytes of one GGML block of each of layouts.WIDE_TYPES (32 inputs for q5_0/q5_1, 256 for the K-quants)."""
 _OFFSET = {"q5_0": 16, "q6_k": 32}
 """What the unsigned q of a symmetric type is stored above zero (value = scale * (q - offset))."""
 

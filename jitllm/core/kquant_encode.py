@@ -13,8 +13,6 @@ import numpy as np
 
 from jitllm.core.layouts import SUPER_BLOCK
 
-ENCODED = ("q4_k", "q5_k", "q6_k")
-
 
 def _nearest(a: np.ndarray) -> np.ndarray:
     return np.rint(a).astype(np.int32)

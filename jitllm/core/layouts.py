@@ -34,6 +34,9 @@ SUPER_BLOCK = 256
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 FLOAT_TYPES = ("f32", "f16", "bf16")
 K_QUANTS = ("q4_k", "q5_k", "q6_k")
+WIDE_TYPES = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+"""The types whose elements are q = nibble | high bits << 4 with per-block scales and offsets (the 5- and
+6-bit types and the K-quants): one repack (core/ggml_repack.py) and one kernel arithmetic for all."""
 HIGH_BITS = {"q5_0": 1, "q5_1": 1, "q5_k": 1, "q6_k": 2}
 """High bits (above the nibble) of each element in the 5- and 6-bit types."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jitllm.core import ggml_repack, kquant_encode
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.core.layouts import K_QUANTS, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 
 # GGML block layouts: (bytes per 32-block, byte offset of the quants, number of f16 scale fields)
 _GGML_BLOCKS = {"q8_0": (34, 2, 1), "q4_0": (18, 2, 1), "q4_1": (20, 4, 2)}
@@ -31,7 +31,7 @@ def parts_from_ggml(wtype: str, raw: np.ndarray, n: int, k: int) -> dict[str, np
     dequantizing."""
     if wtype == "bf16":
         return {"w": _interleave(np.ascontiguousarray(raw).view(np.uint16).reshape(n, k))}
-    if wtype in ggml_repack.FORMATS:
+    if wtype in WIDE_TYPES:
         raw = np.ascontiguousarray(raw).reshape(n, -1)
         chunks = [ggml_repack.unpack(wtype, raw[i:i + REPACK_ROWS], min(REPACK_ROWS, n - i), k)
                   for i in range(0, n, REPACK_ROWS)]
@@ -56,7 +56,7 @@ def parts_from_float(wtype: str, w: np.ndarray) -> dict[str, np.ndarray]:
         dtype = np.float32 if wtype == "f32" else np.float16
         return {"w": _interleave(w.astype(dtype))}
     w = np.ascontiguousarray(w, dtype=np.float32)
-    if wtype in kquant_encode.ENCODED:
+    if wtype in K_QUANTS:
         return parts_from_ggml(wtype, kquant_encode.quantize(wtype, w), n, k)
     import gguf
 
@@ -79,7 +79,7 @@ def _dequantize_rows(wtype: str, rows: dict[str, np.ndarray]) -> np.ndarray:
         return rows["w"].astype(np.float32)
     if wtype == "bf16":
         return (rows["w"].astype(np.uint32) << 16).view(np.float32)
-    if wtype in ggml_repack.FORMATS:
+    if wtype in WIDE_TYPES:
         return ggml_repack.dequantize_rows(wtype, rows)
     d = rows["d"].astype(np.float32)[..., None]  # [n, nb, 1]
     qs = rows["qs"]

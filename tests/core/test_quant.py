@@ -6,10 +6,10 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-
 from reference import random_ggml
 
 from jitllm.core import kquant_encode
+from jitllm.core.layouts import K_QUANTS
 from jitllm.core.quant import check_parts, dequantize, dequantize_rows, parts_from_float, parts_from_ggml
 
 N, K = 24, 512  # three row groups, two K-quant super-blocks
@@ -38,7 +38,7 @@ def test_large_matrices_are_repacked_in_row_chunks_with_the_same_result(monkeypa
 
 def _rms_error(wtype: str, w: np.ndarray) -> float:
     qtype = gguf.GGMLQuantizationType[wtype.upper()]
-    raw = kquant_encode.quantize(wtype, w) if wtype in kquant_encode.ENCODED else gguf.quants.quantize(w, qtype)
+    raw = kquant_encode.quantize(wtype, w) if wtype in K_QUANTS else gguf.quants.quantize(w, qtype)
     return float(np.sqrt(np.mean((gguf.quants.dequantize(raw, qtype) - w) ** 2)))
 
 

@@ -11,16 +11,16 @@ import tvm
 from reference import random_ggml
 from tvm import te
 
-from jitllm.core.layouts import HIGH_BITS, ROW_GROUP, high_bit_position, weight_parts
+from jitllm.core.layouts import HIGH_BITS, ROW_GROUP, WIDE_TYPES, high_bit_position, weight_parts
 from jitllm.core.quant import parts_from_ggml
-from jitllm.lowering.kernels.formats import WIDE_FORMATS, float_weight, high_bit_slot, union_parts, weight_value
+from jitllm.lowering.kernels.formats import float_weight, high_bit_slot, union_parts, weight_value
 from jitllm.lowering.targets.llvm import LlvmTarget
 
 N, K = 16, 512
 R = ROW_GROUP
 
 
-@pytest.mark.parametrize("wtype", ("bf16", *WIDE_FORMATS))
+@pytest.mark.parametrize("wtype", ("bf16", *WIDE_TYPES))
 def test_weight_value_is_ggufs_dequantization(wtype):
     raw = random_ggml(wtype, N, K, np.random.default_rng(0))
     parts = parts_from_ggml(wtype, raw, N, K)

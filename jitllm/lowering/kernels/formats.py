@@ -18,7 +18,6 @@ from tvm.script import tirx as T
 from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, weight_parts
 
 R = ROW_GROUP
-WIDE_FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 PER_SUPER = SUPER_BLOCK // QUANT_BLOCK
 UNION = (("qs", "qs"), ("qh", "qh"), ("sc", "sc"), ("mn", "mn"), ("d", "d"), ("d2", "dmin"))
 """(kernel parameter, part) of the union of the wide formats' parts, in kernel argument order: a kernel is

@@ -27,7 +27,7 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import FLOAT_TYPES, QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import FLOAT_TYPES, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES
 from jitllm.lowering.kernels.cpu.avx2 import (
     PREFETCH_BYTES,
     UNPACK_HI,
@@ -41,7 +41,7 @@ from jitllm.lowering.kernels.cpu.avx2 import (
     widen_halves,
 )
 from jitllm.lowering.kernels.cpu.linear_wide import linear_wide_kernel
-from jitllm.lowering.kernels.formats import FLOAT_STORAGE, WIDE_FORMATS, float_weight
+from jitllm.lowering.kernels.formats import FLOAT_STORAGE, float_weight
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")
@@ -59,7 +59,7 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
     g, variant = n // R, "exact"
     if kernels == "fast" and wtype in FLOAT_TYPES:
         func, variant = _float_fast(wtype, g, k), "fast"
-    elif wtype in WIDE_FORMATS:
+    elif wtype in WIDE_TYPES:
         fast = kernels == "fast" and isa == "avx2"
         func, variant = linear_wide_kernel(wtype, g, k, fast, threads), "avx2" if fast else "exact"
     elif kernels == "fast" and isa == "avx2" and wtype in ("q4_0", "q4_1"):

@@ -18,11 +18,10 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.lowering.kernels.cpu.avx2 import PREFETCH_BYTES, W_SHUFFLE, avx2_driver, maddubs, prefetch, widen_halves
 from jitllm.lowering.kernels.formats import (
     PER_SUPER,
-    WIDE_FORMATS,
     block_offset,
     block_scale,
     q_value,
@@ -36,8 +35,8 @@ R = ROW_GROUP
 
 def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool, threads: int = 1) -> tvm.tirx.PrimFunc:
     """x [M, K/32, 32], the parts of `wtype`, y [M, G, R]; `fast`: the AVX2 kernel (kernels/cpu/avx2.py)."""
-    if wtype not in WIDE_FORMATS:
-        raise ValueError(f"{wtype} is not one of {', '.join(WIDE_FORMATS)}")
+    if wtype not in WIDE_TYPES:
+        raise ValueError(f"{wtype} is not one of {', '.join(WIDE_TYPES)}")
     return _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
 
 

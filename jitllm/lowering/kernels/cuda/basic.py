@@ -18,9 +18,9 @@ import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.formats import WIDE_FORMATS, float_weight, union_parts, weight_value, without_params
+from jitllm.lowering.kernels.formats import float_weight, union_parts, weight_value, without_params
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two
@@ -92,7 +92,7 @@ def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[
 
         def weight(row, col):
             return w[row // R, col, row % R].astype("float32")
-    elif wtype == "bf16" or wtype in WIDE_FORMATS:
+    elif wtype == "bf16" or wtype in WIDE_TYPES:
         parts = [te.placeholder([_i64(v) for v in shape], dtype, name=name) for name, shape, dtype in
                  weight_parts(wtype, n, k)]
 
@@ -344,7 +344,7 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
     layout (jitllm.core.layouts.weight_parts; parameters ids, the parts, x), dequantized as
     jitllm.core.quant.dequantize_rows does on the host."""
     symbol = f"jl_gpu_embedding_{wtype}_{vocab}x{hidden}"
-    if wtype in WIDE_FORMATS:
+    if wtype in WIDE_TYPES:
         from jitllm.lowering.kernels.cuda.wide import wide_embedding_kernel
 
         return symbol, wide_embedding_kernel(wtype, vocab, hidden).with_attr("global_symbol", symbol)

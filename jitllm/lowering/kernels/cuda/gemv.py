@@ -25,10 +25,10 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, shfl_xor
-from jitllm.lowering.kernels.formats import FLOAT_STORAGE, WIDE_FORMATS, float_weight, without_params
+from jitllm.lowering.kernels.formats import FLOAT_STORAGE, float_weight, without_params
 
 R = ROW_GROUP
 PREFETCH = 4  # weight columns each thread of a dependent float kernel loads before it waits
@@ -63,7 +63,7 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
     launched dependent (see the module docstring)."""
     fold = Fold.of(family, eps)
     symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
-    if wtype in WIDE_FORMATS:
+    if wtype in WIDE_TYPES:
         from jitllm.lowering.kernels.cuda.wide import wide_gemv
 
         func = wide_gemv(wtype, n // R, k, fold, dependent)

@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
+from jitllm.core.layouts import HIGH_BITS, K_QUANTS, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.lowering.kernels.cpu.avx2 import PREFETCH_BYTES, W_SHUFFLE, avx2_driver, maddubs, prefetch, widen_halves
 from jitllm.lowering.kernels.formats import (
     PER_SUPER,
@@ -37,14 +37,10 @@ def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool, threads: int = 1)
     """x [M, K/32, 32], the parts of `wtype`, y [M, G, R]; `fast`: the AVX2 kernel (kernels/cpu/avx2.py)."""
     if wtype not in WIDE_TYPES:
         raise ValueError(f"{wtype} is not one of {', '.join(WIDE_TYPES)}")
-    return _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
-
-
-def _exact(wtype: str, G: int, K: int):
-    NB = K // QUANT_BLOCK
-    bits = HIGH_BITS.get(wtype, 0)
+    body = _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
     (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
         (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
+    NB = K // QUANT_BLOCK
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer(qs_shape, qs_dtype), qh: T.Buffer(qh_shape, qh_dtype),
@@ -54,6 +50,20 @@ def _exact(wtype: str, G: int, K: int):
         M = T.int64()
         x = T.match_buffer(x_h, (M, NB, 32), "float32")
         y = T.match_buffer(y_h, (M, G, R), "float32")
+        body(x, (qs, qh, sc, mn, d, d2), None, None, y)
+
+    return without_params(f, unused)
+
+
+def _exact(wtype: str, G: int, K: int):
+    """The exact family's body(x, weights, _, _, y)."""
+    NB = K // QUANT_BLOCK
+    bits = HIGH_BITS.get(wtype, 0)
+
+    @T.macro
+    def body(x, ws, unused_d, unused_mn, y):
+        qs, qh, sc, mn, d, d2 = ws
+        M = x.shape[0]
         xh = T.alloc_buffer((M, NB, 2), "float32")
         acc = T.alloc_buffer((G, 2, R), "float32")  # per row group: outside the parallel loop (DESIGN.md §3)
         for m in T.serial(M):
@@ -80,7 +90,7 @@ def _exact(wtype: str, G: int, K: int):
                                       + block_offset(wtype, sc, mn, d, d2, g, b, r, 0) * xh[m, b, 0]
                                       + block_offset(wtype, sc, mn, d, d2, g, b, r, 1) * xh[m, b, 1])
 
-    return without_params(f, unused)
+    return body
 
 
 def _shifted(v, shift: int):
@@ -91,16 +101,15 @@ def _shifted(v, shift: int):
 
 
 def _fast(wtype: str, G: int, K: int, threads: int):
+    """The fast family's body(x, weights, _, _, y): avx2.avx2_driver around this format's block step."""
     NB = K // QUANT_BLOCK
     bits = HIGH_BITS.get(wtype, 0)
-    (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
-        (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
     S = W_SHUFFLE
     weight_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
                        for _, shape, dtype in weight_parts(wtype, G * R, K))
     PF = max(1, round(PREFETCH_BYTES / (NB * (16 + 4 * bits) * R)))  # row groups ahead
     mask = T.uint8x32(((1 << bits) - 1) << 4)
-    k_quant = wtype in ("q4_k", "q5_k", "q6_k")
+    k_quant = wtype in K_QUANTS
     has_qh = bits > 0  # (a TVMScript `if` takes a bool)
 
     def qvec(qs, qh, g, b, i):
@@ -182,16 +191,4 @@ def _fast(wtype: str, G: int, K: int, threads: int):
         if b % 4 == 0:
             T.evaluate(prefetch(ws[4], [g, b // PER_SUPER if k_quant else b, 0]))
 
-    body = avx2_driver(G, NB, threads, weight_bytes, row_block, None, warm_block, PF, half_sums=wtype == "q6_k")
-
-    @T.prim_func
-    def f(x_h: T.handle, qs: T.Buffer(qs_shape, qs_dtype), qh: T.Buffer(qh_shape, qh_dtype),
-          sc: T.Buffer(sc_shape, sc_dtype), mn: T.Buffer(mn_shape, mn_dtype), d: T.Buffer(d_shape, d_dtype),
-          d2: T.Buffer(d2_shape, d2_dtype), y_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        M = T.int64()
-        x = T.match_buffer(x_h, (M, NB, 32), "float32")
-        y = T.match_buffer(y_h, (M, G, R), "float32")
-        body(x, (qs, qh, sc, mn, d, d2), None, None, y)
-
-    return without_params(f, unused)
+    return avx2_driver(G, NB, threads, weight_bytes, row_block, None, warm_block, PF, half_sums=wtype == "q6_k")

@@ -14,6 +14,7 @@ from jitllm.core.quant import check_parts, dequantize, dequantize_rows, parts_fr
 
 N, K = 24, 512  # three row groups, two K-quant super-blocks
 
+
 @pytest.mark.parametrize("wtype", ["bf16", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
 def test_repacked_blocks_dequantize_as_gguf_does(wtype):
     rng = np.random.default_rng(0)

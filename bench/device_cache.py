@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu")
 
 
 def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = ()):
-    """(kind, target) pairs: tests/gpu's CUDA kinds, the tiny model's exact llvm kinds, the presets'
-    CUDA kinds, and both the exact llvm and the CUDA kinds of `host_presets` (bench/migrate.py's
-    blocks start on the host)."""
-    from kinds import gpu_test_kinds
+    """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
+    tiny model's exact llvm kinds, the presets' CUDA kinds, and both the exact llvm and the CUDA kinds of
+    `host_presets` (bench/migrate.py's blocks start on the host)."""
+    from kinds import format_test_kinds, gpu_test_kinds
 
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets.cuda import CudaTarget
@@ -39,6 +39,7 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
         return [(kind, target), (kind.decode_variant(), target)]
 
     pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]
+    pairs += [(kind, cuda) for kind in format_test_kinds()]
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
         pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)

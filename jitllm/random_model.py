@@ -12,6 +12,7 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import write_jlm
+from jitllm.core.layouts import WEIGHT_TYPES, check_linear_shape
 from jitllm.core.quant import parts_from_float
 from jitllm.ir.blocks import block_kind, block_linear_specs, check_block_types
 from jitllm.ir.config import ModelConfig
@@ -63,8 +64,9 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     if cfg.vocab < len(SPECIALS) + 256:
         raise JitllmError(f"vocab {cfg.vocab} is too small for the byte tokenizer (needs {len(SPECIALS) + 256})")
     check_block_types(cfg)
-    rng = np.random.default_rng(seed)
     shapes = [block_linear_specs(cfg, i) for i in range(cfg.num_blocks)]
+    _check_weight_type(cfg, wtype, preset if isinstance(preset, str) else "the shape")
+    rng = np.random.default_rng(seed)
 
     def matrix(n: int, k: int) -> np.ndarray:
         return (rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
@@ -100,6 +102,19 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     return cfg
 
 
+def _check_weight_type(cfg: ModelConfig, wtype: str, label: str) -> None:
+    """A one-line error where `wtype` is unknown or cannot store one of the shape's matrices (K-quants take
+    inputs in multiples of 256, so `tiny` has none)."""
+    if wtype not in WEIGHT_TYPES:
+        raise JitllmError(f"unknown weight type {wtype!r} (known: {', '.join(WEIGHT_TYPES)})")
+    matrices = {"token_embd": (cfg.vocab, cfg.hidden)}
+    for i in range(cfg.num_blocks):
+        matrices.update({f"blk.{i}.{n}": shape for n, shape in block_linear_specs(cfg, i).items()})
+    for name, (n, k) in matrices.items():
+        if reason := check_linear_shape(name, wtype, n, k):
+            raise JitllmError(f"{label}: {reason}")
+
+
 def preset_layout(preset: str, wtype: str, page_size: int = 16):
     """The block kinds a random model of `preset` uses, without writing it (to compile ahead of time)."""
     from jitllm.ir.head import head_kind
@@ -108,6 +123,7 @@ def preset_layout(preset: str, wtype: str, page_size: int = 16):
     cfg = PRESETS.get(preset)
     if cfg is None:
         raise JitllmError(f"unknown model shape {preset!r} (known: {', '.join(PRESETS)})")
+    _check_weight_type(cfg, wtype, preset)
     kinds = tuple(block_kind(cfg, i, {n: wtype for n in block_linear_specs(cfg, i)}, page_size)
                   for i in range(cfg.num_blocks))
     return ModelLayout(cfg, kinds, head_kind(cfg, wtype), wtype)

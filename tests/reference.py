@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 
 from jitllm.core.layouts import weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.blocks import weight_inputs
 from jitllm.ir.config import BlockKind
+
+F16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2),
+              "q5_k": (0, 2), "q6_k": (208,)}
+"""Byte offsets of each block's f16 scales: random bytes elsewhere, finite halves there."""
+
+
+def random_ggml(wtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random GGML bytes of an [n, k] `wtype` matrix: every quant, high-bit and scale pattern, finite scales."""
+    qtype = gguf.GGMLQuantizationType[wtype.upper()]
+    size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if wtype == "bf16":
+        bits = rng.integers(0, 1 << 16, (n, k), dtype=np.uint16)
+        bits[(bits & 0x7F80) == 0x7F80] &= 0xBFFF  # no inf or NaN exponent
+        return bits.view(np.uint8)
+    blocks = rng.integers(0, 256, (n, k // size, block_bytes), dtype=np.uint8)
+    for at in F16_FIELDS[wtype]:
+        blocks[..., at:at + 2] = (rng.standard_normal((n, k // size, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return blocks.reshape(n, -1)
 
 
 def random_weights(kind: BlockKind, rng: np.random.Generator) -> dict[str, np.ndarray]:

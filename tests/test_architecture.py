@@ -133,6 +133,13 @@ def test_the_compile_verb_lists_every_registered_target():
     assert TARGET_NAMES == tuple(TARGETS)
 
 
+def test_the_wtype_choices_are_every_weight_type():
+    from jitllm.commands.common import WEIGHT_TYPES as CHOICES
+    from jitllm.core.layouts import WEIGHT_TYPES
+
+    assert CHOICES == WEIGHT_TYPES
+
+
 def test_tvm_tensors_stay_inside_the_backends_that_use_tvm():
     """The runtime holds tensors as opaque values: only runtime/backends/ imports TVM."""
     found = []

@@ -129,6 +129,11 @@ def test_speed_refuses_an_unknown_shape(cache_dir):
     assert_one_line_error(jitllm("speed", "-devices", "cpu", "-preset", "llama-9000", cache=cache_dir), "llama-9000")
 
 
+def test_speed_refuses_a_weight_type_the_shape_cannot_hold(cache_dir):
+    assert_one_line_error(jitllm("speed", "-devices", "cpu", "-preset", "tiny", "-wtype", "q4_k", cache=cache_dir),
+                          "tiny: token_embd: 64 inputs is not a multiple of 256 (q4_k)")
+
+
 def test_simulated_devices_from_the_cli_run_like_the_host(tiny_model, cache_dir):
     """`-devices sim:N` (JITLLM_SIM_DEVICES=1) places blocks on simulated devices running the host's kernel
     family: the same tokens as the host alone; without the switch, one clear line."""

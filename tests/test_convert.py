@@ -17,25 +17,35 @@ from test_tokenizer import tiny_tokenizer_metadata
 from jitllm.commands.convert import convert as convert_command
 from jitllm.convert import convert
 from jitllm.convert.hf_source import permute_rows
+from jitllm.core import kquant_encode
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.core.layouts import K_QUANTS
 from jitllm.core.quant import dequantize
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BLOCKS = 64, 4, 2, 16, 96, 264, 2
-LINEARS = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-           "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
-           "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+TINY = {"hidden": HIDDEN, "head_dim": HEAD_DIM, "ffn": FFN}
+WIDE = {"hidden": 256, "head_dim": 64, "ffn": 256}
+"""Every input size a multiple of 256, as the K-quants need."""
+
+
+def linear_shapes(dims: dict[str, int]) -> dict[str, tuple[int, int]]:
+    hidden, q, kv, ffn = dims["hidden"], HEADS * dims["head_dim"], KV_HEADS * dims["head_dim"], dims["ffn"]
+    return {"attn_q": (q, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden), "attn_output": (hidden, q),
+            "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+
+
 HF_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-# A mix that exercises every float type; BF16 becomes f32 in the .jlm.
+# A mix that exercises every float type.
 FLOAT_TYPES = {"token_embd": "BF16", "output": "F16", "blk.0.attn_q": "F16", "blk.1.attn_k": "BF16",
                "blk.0.ffn_down": "BF16", "blk.1.ffn_up": "F16"}
 QUANT_TYPES = {"token_embd": "Q8_0", "output": "Q4_0", "blk.0.attn_q": "Q4_1", "blk.0.attn_k": "Q8_0",
                "blk.0.attn_v": "Q4_0", "blk.1.ffn_down": "Q4_1", "blk.1.ffn_gate": "Q8_0", "blk.1.attn_output": "F16"}
 
 
-def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
+def float_weights(tied: bool, seed: int = 0, dims: dict[str, int] = TINY) -> dict[str, np.ndarray]:
     """Random weights by GGUF name (no ".weight"), exactly representable in bf16 and f16."""
     rng = np.random.default_rng(seed)
 
@@ -44,28 +54,43 @@ def float_weights(tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
         w = np.where(np.abs(w) < 1e-3, np.float32(1e-3), w)
         return (w.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
 
-    out = {"token_embd": exact((VOCAB, HIDDEN)), "output_norm": exact((HIDDEN,), offset=1.0)}
+    hidden = dims["hidden"]
+    out = {"token_embd": exact((VOCAB, hidden)), "output_norm": exact((hidden,), offset=1.0)}
     if not tied:
-        out["output"] = exact((VOCAB, HIDDEN))
+        out["output"] = exact((VOCAB, hidden))
     for i in range(BLOCKS):
-        out[f"blk.{i}.attn_norm"] = exact((HIDDEN,), offset=1.0)
-        out[f"blk.{i}.ffn_norm"] = exact((HIDDEN,), offset=1.0)
-        for name, shape in LINEARS.items():
+        out[f"blk.{i}.attn_norm"] = exact((hidden,), offset=1.0)
+        out[f"blk.{i}.ffn_norm"] = exact((hidden,), offset=1.0)
+        for name, shape in linear_shapes(dims).items():
             out[f"blk.{i}.{name}"] = exact(shape)
     return out
 
 
+def ggml_bytes(w: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """GGML blocks of `w`: gguf's quantizers, jitllm's for the K-quants gguf has none for."""
+    if qtype.name.lower() in K_QUANTS:
+        return kquant_encode.quantize(qtype.name.lower(), w)
+    return gguf.quants.quantize(w, qtype)
+
+
+def stored(w: np.ndarray, qtype_name: str) -> np.ndarray:
+    """What a GGUF tensor of that type holds for `w`, by gguf's dequantization."""
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    return w if qtype.name == "F32" else gguf.quants.dequantize(ggml_bytes(w, qtype), qtype)
+
+
 def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str] | None = None,
-               arch: str = "llama", pre: str = "smollm", extra: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
+               arch: str = "llama", pre: str = "smollm", dims: dict[str, int] = TINY,
+               extra: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     """A tiny llama GGUF; `extra` adds metadata to the writer (e.g. RoPE scaling keys)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(BLOCKS)
     w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
+    w.add_embedding_length(dims["hidden"])
+    w.add_feed_forward_length(dims["ffn"])
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_dimension_count(dims["head_dim"])
     w.add_rope_freq_base(100000.0)
     w.add_layer_norm_rms_eps(1e-5)
     meta = tiny_tokenizer_metadata(pre)
@@ -82,7 +107,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], types: dict[str, str]
         extra(w)
     for name, arr in weights.items():
         qtype = gguf.GGMLQuantizationType[(types or {}).get(name, "F32")]
-        data = arr if qtype == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(arr, qtype)
+        as_stored = qtype == gguf.GGMLQuantizationType.F32 or arr.dtype == np.uint8  # uint8: GGML blocks already
+        data = arr if as_stored else ggml_bytes(arr, qtype)
         w.add_tensor(f"{name}.weight", data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -181,8 +207,8 @@ def test_gguf_and_hf_sources_give_identical_models(tmp_path, tied):
                 "add_bos"):
         assert hg[key] == hh[key], key
     assert hg["source"] == {"kind": "gguf", "path": "m.gguf"} and hh["source"] == {"kind": "hf", "path": "hf"}
-    assert hg["weights"]["token_embd"] == "f32" and hg["weights"]["blocks"][0]["attn_q"] == "f16"
-    assert hg["weights"]["output"] == ("f32" if tied else "f16")
+    assert hg["weights"]["token_embd"] == "bf16" and hg["weights"]["blocks"][0]["attn_q"] == "f16"
+    assert hg["weights"]["output"] == ("bf16" if tied else "f16") and hg["weights"]["blocks"][1]["attn_k"] == "bf16"
     assert set(wg) == set(wh) == set(weights) - ({"output"} if tied else set())
     for name, w in weights.items():
         if name in wg:
@@ -211,9 +237,23 @@ def test_quantized_gguf_weights_pass_through(tmp_path):
     assert summary["weight_types"] == {"token_embd": "q8_0", "output": "q4_0", "blocks": ["f16", "f32", "q4_0", "q4_1", "q8_0"]}
     assert header["weights"]["blocks"][0]["attn_v"] == "q4_0" and header["weights"]["blocks"][1]["ffn_up"] == "f32"
     for name, w in weights.items():
-        qtype = gguf.GGMLQuantizationType[QUANT_TYPES.get(name, "F32")]
-        expected = w if qtype.name == "F32" else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
-        np.testing.assert_array_equal(got[name], expected, err_msg=name)
+        np.testing.assert_array_equal(got[name], stored(w, QUANT_TYPES.get(name, "F32")), err_msg=name)
+
+
+def test_k_quant_and_5_bit_gguf_weights_pass_through(tmp_path):
+    """A Q4_K_M-like mix (Q4_K, Q6_K, with Q5_0 / Q5_1 / Q5_K and BF16 beside them): every tensor keeps its
+    type and dequantizes to what gguf dequantizes the file's bytes to."""
+    weights = float_weights(tied=True, seed=5, dims=WIDE)
+    types = {"token_embd": "Q6_K", "blk.0.attn_q": "Q4_K", "blk.0.attn_k": "Q4_K", "blk.0.attn_v": "Q6_K",
+             "blk.0.ffn_down": "Q6_K", "blk.0.ffn_gate": "Q5_K", "blk.0.ffn_up": "Q5_0", "blk.0.attn_output": "Q5_1",
+             **{f"blk.1.{name}": "Q4_K" for name in linear_shapes(WIDE)}, "blk.1.ffn_up": "BF16"}
+    summary = convert(str(write_gguf(tmp_path / "m.gguf", weights, types, dims=WIDE)), str(tmp_path / "k.jlm"),
+                      progress=False)
+    assert summary["weight_types"] == {"token_embd": "q6_k", "output": "q6_k",
+                                       "blocks": ["bf16", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k"]}
+    _, got = jlm_weights(tmp_path / "k.jlm")
+    for name, w in weights.items():
+        np.testing.assert_array_equal(got[name], stored(w, types.get(name, "F32")), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
@@ -225,9 +265,9 @@ def test_dtype_converts_every_linear_and_the_embedding(tmp_path, dtype):
     assert header["weights"]["token_embd"] == header["weights"]["output"] == dtype
     assert all(t == dtype for b in header["weights"]["blocks"] for t in b.values())
     for name, w in weights.items():
-        qtype = gguf.GGMLQuantizationType[QUANT_TYPES.get(name, "F32")]
-        source = w if qtype.name == "F32" else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
-        if name.endswith("_norm") or dtype == "f32" or (dtype == "q8_0" and qtype.name == "Q8_0"):
+        qtype = QUANT_TYPES.get(name, "F32")
+        source = stored(w, qtype)
+        if name.endswith("_norm") or dtype == "f32" or (dtype == "q8_0" and qtype == "Q8_0"):
             np.testing.assert_array_equal(got[name], source, err_msg=name)
         else:
             np.testing.assert_allclose(got[name], source, atol=2e-3 if dtype == "f16" else 4e-3, err_msg=name)
@@ -268,6 +308,15 @@ def _truncated(tmp_path: Path, keep: float) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
     return path
+
+
+def _gguf_with_raw(tmp_path: Path, name: str, qtype: str) -> Path:
+    """A GGUF whose tensor `name` holds random blocks of a type gguf cannot quantize."""
+    weights = float_weights(tied=True, dims=WIDE)
+    n, k = weights[name].shape
+    size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    weights[name] = np.random.default_rng(0).integers(0, 256, (n, k // size * block_bytes), dtype=np.uint8)
+    return write_gguf(tmp_path / "m.gguf", weights, {name: qtype}, dims=WIDE)
 
 
 def _file(path: Path, data: bytes) -> Path:
@@ -314,8 +363,10 @@ def _gguf_rope(tmp_path: Path, scaling: gguf.RopeScalingType | None = None, ext_
 
 BAD_SOURCES = {
     "arch": (lambda t: write_gguf(t / "m.gguf", float_weights(True), arch="qwen2"), "unsupported architecture 'qwen2'"),
-    "type": (lambda t: write_gguf(t / "m.gguf", float_weights(True), {"blk.0.ffn_down": "Q5_0"}),
-             r"blk\.0\.ffn_down\.weight: tensor type Q5_0 is not supported \(F32, F16, BF16, Q8_0"),
+    "type": (lambda t: _gguf_with_raw(t, "blk.0.ffn_down", "Q3_K"),
+             r"^blk\.0\.ffn_down\.weight: tensor type Q3_K is not supported \(F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+             r"Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are\)$"),
+    "IQ type": (lambda t: _gguf_with_raw(t, "token_embd", "IQ4_NL"), r"^token_embd\.weight: tensor type IQ4_NL is"),
     "pre-tokenizer": (lambda t: write_gguf(t / "m.gguf", float_weights(True), pre="deepseek-v3"),
                       r"pre-tokenizer 'deepseek-v3' \(tokenizer.ggml.pre\) is not supported; supported: "),
     "truncated in metadata": (lambda t: _truncated(t, 0.05), "truncated or corrupt GGUF"),

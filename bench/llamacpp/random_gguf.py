@@ -3,8 +3,10 @@
     python3 bench/llamacpp/random_gguf.py -preset llama-3.2-3b -wtype q4_0 -out /tmp/3b-q4_0.gguf [-jobs 16]
 
 Shapes come from jitllm.random_model.PRESETS (same shapes jitllm benchmarks); weight types f16, q4_0, q4_1, q8_0
-(every matrix, token_embd included, like jitllm's random models; norms f32). Weights ~ N(0, 1/fan_in), the
-embedding 8x that, norms near 1. The tokenizer is a minimal "gpt2" BPE one made here: ids 0-3 are <s>, </s>,
+(every matrix, token_embd included, like jitllm's random models; norms f32), or q4_k_m: llama.cpp's Q4_K_M mix
+(Q4_K, with Q6_K for the head and for attn_v and ffn_down in the layers llama.cpp's use_more_bits picks; the
+K-quants by jitllm's encoder, gguf.quants has none). Weights ~ N(0, 1/fan_in), the embedding 8x that, norms
+near 1. The tokenizer is a minimal "gpt2" BPE one made here: ids 0-3 are <s>, </s>,
 <|im_end|>, <|im_start|>, then the 256 byte tokens (GPT-2's byte-to-unicode spelling), a few merged tokens
 with their merges, and "<padN>" tokens up to the vocab size (no downloads; the GPU machine has none).
 
@@ -35,12 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, f
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
+from jitllm.core import kquant_encode  # noqa: E402
+from jitllm.core.layouts import K_QUANTS  # noqa: E402
 from jitllm.random_model import PRESETS  # noqa: E402
 
 WTYPES = {"f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
           "q4_0": (QT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
           "q4_1": (QT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
-          "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+          "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+          "q4_k_m": (QT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M)}
 SPECIALS = ["<s>", "</s>", "<|im_end|>", "<|im_start|>"]
 MERGES = ["Ġ t", "Ġ a", "h e", "i n", "r e", "o n", "Ġt he", "e r"]
 CHUNK_ELEMS = 1 << 23  # elements generated per job (32 MiB of float32)
@@ -88,30 +93,39 @@ class Tensor:
         return self.row_bytes * (self.rows if self.cols else 1)
 
 
-def layout(cfg, qtype: QT) -> list[Tensor]:
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice (src/llama-quant.cpp) of the layers whose attn_v and ffn_down Q4_K_M stores as Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def layout(cfg, qtype: QT, mix: bool = False) -> list[Tensor]:
+    """The tensors, all linears of `qtype`; with `mix`, Q4_K_M's: Q6_K for the head (the embedding where it is
+    tied) and for attn_v and ffn_down where use_more_bits says so."""
     h, kvd = cfg.hidden, cfg.kv_heads * cfg.head_dim
-    out = [Tensor("token_embd.weight", cfg.vocab, h, qtype, 8 / np.sqrt(h)),
+    head = QT.Q6_K if mix else qtype
+    out = [Tensor("token_embd.weight", cfg.vocab, h, head if cfg.tied_head else qtype, 8 / np.sqrt(h)),
            Tensor("output_norm.weight", h, 0, QT.F32, 0.05)]
     if not cfg.tied_head:
-        out.append(Tensor("output.weight", cfg.vocab, h, qtype, 1 / np.sqrt(h)))
+        out.append(Tensor("output.weight", cfg.vocab, h, head, 1 / np.sqrt(h)))
     for i in range(cfg.num_blocks):
         b = f"blk.{i}."
+        more = QT.Q6_K if mix and use_more_bits(i, cfg.num_blocks) else qtype
         out += [Tensor(b + "attn_norm.weight", h, 0, QT.F32, 0.05),
                 Tensor(b + "attn_q.weight", cfg.heads * cfg.head_dim, h, qtype, 1 / np.sqrt(h)),
                 Tensor(b + "attn_k.weight", kvd, h, qtype, 1 / np.sqrt(h)),
-                Tensor(b + "attn_v.weight", kvd, h, qtype, 1 / np.sqrt(h)),
+                Tensor(b + "attn_v.weight", kvd, h, more, 1 / np.sqrt(h)),
                 Tensor(b + "attn_output.weight", h, cfg.heads * cfg.head_dim, qtype, 1 / np.sqrt(cfg.heads * cfg.head_dim)),
                 Tensor(b + "ffn_norm.weight", h, 0, QT.F32, 0.05),
                 Tensor(b + "ffn_gate.weight", cfg.ffn, h, qtype, 1 / np.sqrt(h)),
                 Tensor(b + "ffn_up.weight", cfg.ffn, h, qtype, 1 / np.sqrt(h)),
-                Tensor(b + "ffn_down.weight", h, cfg.ffn, qtype, 1 / np.sqrt(cfg.ffn))]
+                Tensor(b + "ffn_down.weight", h, cfg.ffn, more, 1 / np.sqrt(cfg.ffn))]
     return out
 
 
 def write_header(path: Path, cfg, wtype: str, name: str) -> tuple[list[Tensor], int, int]:
     """Metadata and tensor infos; returns the tensors with offsets, the data start and the file size."""
     qtype, ftype = WTYPES[wtype]
-    tensors = layout(cfg, qtype)
+    tensors = layout(cfg, qtype, mix=wtype == "q4_k_m")
     w = gguf.GGUFWriter(path, "llama")
     w.add_name(name)
     w.add_file_type(int(ftype))
@@ -130,7 +144,7 @@ def write_header(path: Path, cfg, wtype: str, name: str) -> tuple[list[Tensor], 
     w.add_layer_norm_rms_eps(cfg.rms_eps)
     tokens, types, merges = tokenizer(cfg.vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre("gpt-2")  # a split rule jitllm convert knows too, so both run the same file
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -191,7 +205,12 @@ def _fill(job) -> int:
     else:
         x = rng.standard_normal((r1 - r0, t.cols), dtype=np.float32)
         x *= np.float32(t.scale)
-        data = x.astype(np.float16) if t.qtype == QT.F16 else gguf.quants.quantize(x, t.qtype)
+        if t.qtype == QT.F16:
+            data = x.astype(np.float16)
+        elif t.qtype.name.lower() in K_QUANTS:
+            data = kquant_encode.quantize(t.qtype.name.lower(), x)
+        else:
+            data = gguf.quants.quantize(x, t.qtype)
     buf = memoryview(np.ascontiguousarray(data)).cast("B")
     pos = data_start + t.offset + r0 * t.row_bytes
     while buf:
@@ -209,6 +228,8 @@ def write_random_gguf(path: str | Path, preset: str, wtype: str = "q4_0", seed: 
         cfg = replace(cfg, num_blocks=blocks)
     if wtype not in WTYPES:
         raise SystemExit(f"unknown weight type {wtype!r} (known: {', '.join(WTYPES)})")
+    if fast and wtype == "q4_k_m":
+        raise SystemExit("-fast makes GGML 32-block formats only (not q4_k_m)")
     path = Path(path)
     start = time.perf_counter()
     tensors, data_start, size = write_header(path, cfg, wtype, f"random {preset} {wtype}")

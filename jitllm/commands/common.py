@@ -8,6 +8,10 @@ from typing import Callable
 
 import click
 
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+"""jitllm.core.layouts.WEIGHT_TYPES (the -wtype choices), repeated so --help needs no import
+(tests/test_architecture.py checks them)."""
+
 
 def opt(name: str, *args, **kwargs):
     """An option that answers to both the seed style `-name` and `--name`."""

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from jitllm.commands.common import opt
+from jitllm.commands.common import WEIGHT_TYPES, opt
 
 TARGET_NAMES = ("llvm", "cuda", "onnxruntime")
 """jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
@@ -15,7 +15,7 @@ TARGET_NAMES = ("llvm", "cuda", "onnxruntime")
 @click.command(name="compile")
 @click.argument("model", metavar="MODEL", required=False)
 @opt("preset", default=None, help="compile a random-weight shape instead of a model file (e.g. llama-3.2-3b)")
-@opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
+@opt("wtype", default="q4_1", show_default=True, type=click.Choice(WEIGHT_TYPES),
      help="weight type of -preset")
 @opt("target", "target_name", type=click.Choice(TARGET_NAMES), default="llvm", show_default=True)
 @opt("arch", default=None, help="GPU architecture for cuda (default sm_90)")

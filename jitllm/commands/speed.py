@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from jitllm.commands.common import load_model, opt, placement_options
+from jitllm.commands.common import WEIGHT_TYPES, load_model, opt, placement_options
 
 
 @click.command()
@@ -16,7 +16,7 @@ from jitllm.commands.common import load_model, opt, placement_options
 @opt("n", "gen_tokens", type=click.IntRange(min=0), default=128, show_default=True, help="decode test: tgN (0: skip)")
 @opt("r", "reps", type=click.IntRange(min=1), default=3, show_default=True, help="repetitions")
 @opt("preset", default=None, help="measure a random-weight model of a named shape instead (e.g. llama-3.2-3b)")
-@opt("wtype", default="q4_1", show_default=True, type=click.Choice(["f32", "f16", "q8_0", "q4_0", "q4_1"]),
+@opt("wtype", default="q4_1", show_default=True, type=click.Choice(WEIGHT_TYPES),
      help="weight type of -preset")
 @opt("targets", default=None, metavar="NAME,...|list",
      help="measure each named target preset (a target, backend and device) in turn, e.g. llvm,ort; list: show them")

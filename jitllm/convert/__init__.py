@@ -47,8 +47,8 @@ def open_source(src: Path) -> Source:
 
 
 def convert(src: str, out: str, dtype: str | None = None, progress: bool = True) -> dict:
-    """Convert `src` to the .jlm file `out` (written atomically). `dtype` None keeps each weight's type
-    (BF16 becomes f32); "f32"/"f16"/"q8_0" converts every linear and the embedding. Returns a summary."""
+    """Convert `src` to the .jlm file `out` (written atomically). `dtype` None keeps each weight's type;
+    "f32"/"f16"/"q8_0" converts every linear and the embedding. Returns a summary."""
     if dtype is not None and dtype not in CONVERT_TYPES:
         raise JitllmError(f"dtype {dtype!r} is not one of {', '.join(CONVERT_TYPES)}")
     src_path, out_path = Path(src), Path(out)

@@ -20,9 +20,12 @@ from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import header_from_gguf
 
 ARCHITECTURES = ("llama", "mistral")
-# GGML tensor type -> the jitllm weight type it keeps when no -dtype is given
-NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
-_QUANTIZED = ("q8_0", "q4_0", "q4_1")
+# GGML tensor type -> the jitllm weight type it keeps when no -dtype is given (every other type, e.g. Q2_K,
+# Q3_K, the IQ and TQ types, MXFP4, is refused by name)
+NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
+                "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
+_REPACKED = ("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+"""Types whose GGML bytes are repacked as they are (no dequantize and requantize)."""
 
 
 class GgufSource:
@@ -61,7 +64,7 @@ class GgufSource:
 
     def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
         (n, k), native = self.info(name)
-        if wtype == native and wtype in _QUANTIZED:
+        if wtype == native and wtype in _REPACKED:
             return parts_from_ggml(wtype, self._tensor(name).data, n, k)
         return parts_from_float(wtype, self.floats(name))
 

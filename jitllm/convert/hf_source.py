@@ -1,7 +1,8 @@
 """A Hugging Face llama/mistral directory as a conversion source (config.json, *.safetensors, tokenizer files).
 
-Safetensors are read straight from a memory map (no torch; bf16 widened to f32 by hand). q_proj and
-k_proj rows are permuted into GGUF's order, so RoPE rotates interleaved pairs for both sources.
+Safetensors are read straight from a memory map (no torch; bf16 stays bf16, widened to f32 by hand where
+floats are asked for). q_proj and k_proj rows are permuted into GGUF's order, so RoPE rotates interleaved
+pairs for both sources.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
 HF_ROPE_TYPES = ("linear", "llama3", "yarn")
 """config.json rope types beside "default" (transformers' ROPE_INIT_FUNCTIONS names)."""
 # safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
-DTYPES = {"F32": ("float32", "f32"), "F16": ("float16", "f16"), "BF16": ("uint16", "f32")}
+DTYPES = {"F32": ("float32", "f32"), "F16": ("float16", "f16"), "BF16": ("uint16", "bf16")}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.core import ggml_repack, kquant_encode
+from jitllm.core.layouts import K_QUANTS, QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 
 # GGML block layouts: (bytes per 32-block, byte offset of the quants, number of f16 scale fields)
 _GGML_BLOCKS = {"q8_0": (34, 2, 1), "q4_0": (18, 2, 1), "q4_1": (20, 4, 2)}
+REPACK_ROWS = 4096
+"""Rows repacked at a time (bounds the temporary arrays of a large embedding's repack)."""
 
 
 def _interleave(a: np.ndarray) -> np.ndarray:
@@ -24,7 +27,15 @@ def _deinterleave(a: np.ndarray) -> np.ndarray:
 
 
 def parts_from_ggml(wtype: str, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
-    """GGML quantized bytes of a [n, k] matrix (rows of blocks) -> layout parts, without dequantizing."""
+    """GGML bytes of a [n, k] matrix (rows of blocks; BF16: the 16-bit values) -> layout parts, without
+    dequantizing."""
+    if wtype == "bf16":
+        return {"w": _interleave(np.ascontiguousarray(raw).view(np.uint16).reshape(n, k))}
+    if wtype in WIDE_TYPES:
+        raw = np.ascontiguousarray(raw).reshape(n, -1)
+        chunks = [ggml_repack.unpack(wtype, raw[i:i + REPACK_ROWS], min(REPACK_ROWS, n - i), k)
+                  for i in range(0, n, REPACK_ROWS)]
+        return {name: _interleave(np.concatenate([c[name] for c in chunks])) for name in chunks[0]}
     block_bytes, q_off, n_scales = _GGML_BLOCKS[wtype]
     blocks = np.ascontiguousarray(raw).reshape(n, k // QUANT_BLOCK, block_bytes)
     scales = blocks[..., : 2 * n_scales].copy().view(np.float16)  # [n, nb, n_scales]
@@ -38,15 +49,18 @@ def parts_from_ggml(wtype: str, raw: np.ndarray, n: int, k: int) -> dict[str, np
 
 
 def parts_from_float(wtype: str, w: np.ndarray) -> dict[str, np.ndarray]:
-    """A float [n, k] matrix -> layout parts of `wtype` (quantizing with gguf's reference quantizers)."""
+    """A float [n, k] matrix -> layout parts of `wtype` (quantizing with gguf's reference quantizers, and
+    with core/kquant_encode's for the K-quants, which gguf cannot quantize)."""
     n, k = w.shape
     if wtype in ("f32", "f16"):
         dtype = np.float32 if wtype == "f32" else np.float16
         return {"w": _interleave(w.astype(dtype))}
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if wtype in K_QUANTS:
+        return parts_from_ggml(wtype, kquant_encode.quantize(wtype, w), n, k)
     import gguf
 
-    raw = gguf.quants.quantize(np.ascontiguousarray(w, dtype=np.float32), gguf.GGMLQuantizationType[wtype.upper()])
-    return parts_from_ggml(wtype, raw, n, k)
+    return parts_from_ggml(wtype, gguf.quants.quantize(w, gguf.GGMLQuantizationType[wtype.upper()]), n, k)
 
 
 def dequantize(wtype: str, parts: dict[str, np.ndarray]) -> np.ndarray:
@@ -63,6 +77,10 @@ def dequantize_rows(wtype: str, parts: dict[str, np.ndarray], rows: np.ndarray) 
 def _dequantize_rows(wtype: str, rows: dict[str, np.ndarray]) -> np.ndarray:
     if wtype in ("f32", "f16"):
         return rows["w"].astype(np.float32)
+    if wtype == "bf16":
+        return (rows["w"].astype(np.uint32) << 16).view(np.float32)
+    if wtype in WIDE_TYPES:
+        return ggml_repack.dequantize_rows(wtype, rows)
     d = rows["d"].astype(np.float32)[..., None]  # [n, nb, 1]
     qs = rows["qs"]
     if wtype == "q8_0":

@@ -14,6 +14,7 @@ DTYPES = {
     "float16": TensorProto.FLOAT16,
     "int8": TensorProto.INT8,
     "uint8": TensorProto.UINT8,
+    "uint16": TensorProto.UINT16,
     "int32": TensorProto.INT32,
     "int64": TensorProto.INT64,
 }

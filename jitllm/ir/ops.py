@@ -34,6 +34,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from jitllm.ir.dequant import dequantize
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 
 PAGED_ATTENTION = "PagedAttention"
@@ -76,27 +77,6 @@ def _function(name: str, inputs: list[str], outputs: list[str], g: GraphBuilder)
     return helper.make_function(DOMAIN, name, inputs, outputs, g.nodes, opset_imports=opsets)
 
 
-def _dequantize(g: GraphBuilder, wtype: str, parts: list[str]) -> str:
-    """Body of the dequantization: parts -> W [N, K] float32."""
-    if wtype in ("f32", "f16"):
-        w = g.op("Cast", parts[0], to=onnx.TensorProto.FLOAT)
-        return g.op("Flatten", g.op("Transpose", w, perm=[0, 2, 1]), axis=2)
-    if wtype == "q8_0":
-        q = g.op("Cast", parts[0], to=onnx.TensorProto.FLOAT)  # [G, NB, 32, R]
-    else:
-        lo = g.op("BitwiseAnd", parts[0], g.const(15, "uint8"))
-        hi = g.op("BitShift", parts[0], g.const(4, "uint8"), direction="RIGHT")
-        q = g.op("Cast", g.op("Concat", lo, hi, axis=2), to=onnx.TensorProto.FLOAT)
-        if wtype == "q4_0":
-            q = g.op("Sub", q, g.const(8.0, "float32"))
-    axis2 = g.const([2])
-    d = g.op("Unsqueeze", g.op("Cast", parts[1], to=onnx.TensorProto.FLOAT), axis2)
-    w = g.op("Mul", q, d)
-    if wtype == "q4_1":
-        w = g.op("Add", w, g.op("Unsqueeze", g.op("Cast", parts[2], to=onnx.TensorProto.FLOAT), axis2))
-    return g.op("Flatten", g.op("Transpose", w, perm=[0, 3, 1, 2]), axis=2)
-
-
 def linear_function(wtype: str, num_parts: int, family: str = LINEAR) -> onnx.FunctionProto:
     g = GraphBuilder("lin_")
     parts = [f"p{i}" for i in range(num_parts)]
@@ -106,7 +86,7 @@ def linear_function(wtype: str, num_parts: int, family: str = LINEAR) -> onnx.Fu
     elif family == SWIGLU_LINEAR_ADD:
         gate, up = g.op("Split", x, outputs=2, axis=-1, num_outputs=2)
         x = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
-    w = _dequantize(g, wtype, parts)
+    w = dequantize(g, wtype, parts)
     y = g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0]))
     if family in (LINEAR_ADD, SWIGLU_LINEAR_ADD):
         y = g.op("Add", y, "residual")
@@ -221,7 +201,7 @@ def gated_recurrence_function() -> onnx.FunctionProto:
 
 def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
     """The model-local functions that a graph's jitllm-domain nodes call, one per op type."""
-    from jitllm.core.layouts import weight_parts
+    from jitllm.core.layouts import ROW_GROUP, SUPER_BLOCK, weight_parts
 
     others = {PAGED_ATTENTION: paged_attention_function, GATED_RECURRENCE: gated_recurrence_function,
               ROTARY_QKV: rotary_qkv_function, ROTARY_ATTENTION: rotary_attention_function}
@@ -234,7 +214,7 @@ def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
         linear = split_linear_op(node.op_type)
         if linear:
             family, wtype = linear
-            functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, 8, 32)), family)
+            functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, ROW_GROUP, SUPER_BLOCK)), family)
         else:
             functions[node.op_type] = others[node.op_type]()
             pending += functions[node.op_type].node  # a function calling others (RotaryPagedAttention)

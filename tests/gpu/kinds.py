@@ -4,7 +4,6 @@ GPU machine."""
 
 from __future__ import annotations
 
-from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
@@ -20,9 +19,19 @@ SPLIT_K_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 8192, 256, 512, 10000.0, 1e
 projection, K 8192, over 4 splits; f16 Q/K/V and O over 2) and add the splits' sums afterwards."""
 
 
+GGML_32_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+"""The weight types of the first kinds (the tests index the list)."""
+FORMAT_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 256, 256, 512, 10000.0, 1e-5)
+"""Inputs in multiples of 256, as the K-quants need."""
+NEWER_TYPES = ("bf16", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+Q4_K_M = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q4_k", "ffn_gate": "q4_k",
+          "ffn_up": "q4_k", "ffn_down": "q6_k"}
+"""llama.cpp's Q4_K_M mix in a block that takes Q6_K for attn_v and ffn_down (Q/K/V then stay unfused)."""
+
+
 def gpu_test_kinds():
     kinds = []
-    for wtype in WEIGHT_TYPES:
+    for wtype in GGML_32_TYPES:
         kinds += [llama_block_kind(TEST_CFG, {n: wtype for n in BLOCK_LINEARS}), head_kind(TEST_CFG, wtype)]
     tiny = PRESETS["tiny"]
     kinds += [llama_block_kind(tiny, {n: "q4_1" for n in BLOCK_LINEARS}), head_kind(tiny, "q4_1")]
@@ -30,4 +39,15 @@ def gpu_test_kinds():
     wide = [kind_for_target(llama_block_kind(cfg, {n: w for n in BLOCK_LINEARS}), CudaTarget())
             for cfg in (WIDE_FFN_CFG, SPLIT_K_CFG) for w in ("f16", "q4_0")]  # (prefill only, after the rest: tests index the list above)
     return kinds + [k.decode_variant() for k in kinds] + wide
+
+
+def format_test_kinds():
+    """The newer weight types' kinds, as the CUDA target runs them (exact family: their linears are the same
+    kernels in both), with a Q4_K_M block; decode variants after the general ones."""
+    cfg = FORMAT_CFG
+    kinds = [llama_block_kind(cfg, Q4_K_M)]  # (its head is the q6_k one below)
+    for wtype in NEWER_TYPES:
+        kinds += [llama_block_kind(cfg, {n: wtype for n in BLOCK_LINEARS}), head_kind(cfg, wtype)]
+    kinds = [kind_for_target(k, CudaTarget()) for k in kinds]
+    return kinds + [k.decode_variant() for k in kinds]
 

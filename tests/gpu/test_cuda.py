@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from kinds import gpu_test_kinds
+from kinds import format_test_kinds, gpu_test_kinds
 from reference import block_forward, head_forward, paged_inputs, random_weights
 
 from jitllm.ir.blocks import activation_inputs, weight_inputs
@@ -30,9 +30,12 @@ if not _cuda_available():
 TOL = 5e-5
 
 
-@pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22],
-                         ids=lambda k: f"{k.kind}-{k.linears[0].wtype}{'-decode' if k.decode else ''}")
+@pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22] + format_test_kinds(),
+                         ids=lambda k: f"{k.kind}-{'+'.join(sorted({s.wtype for s in k.linears}))}"
+                                       f"{'-decode' if k.decode else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
+    """Every kind's kernels against numpy; bf16 and the 5/6-bit and K-quant formats (format_test_kinds)
+    through their own decode matvecs, TE prefill linears and embedding gathers (kernels/cuda/wide.py)."""
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.runtime.backends.cuda import cuda_arch

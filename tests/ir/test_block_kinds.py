@@ -10,7 +10,7 @@ import pytest
 import tvm
 from reference import block_forward, head_forward, paged_inputs, random_weights
 
-from jitllm.core.layouts import WEIGHT_TYPES
+from jitllm.core.layouts import K_QUANTS, WEIGHT_TYPES
 from jitllm.ir.blocks import activation_inputs, build_block_graph, weight_inputs
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.head import head_kind
@@ -20,6 +20,17 @@ from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.backends.tvm_tensors import load_program
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
+K_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 256, 256, 512, 10000.0, 1e-5)
+"""Inputs in multiples of 256, for the K-quants."""
+VARIANTS = ("separate", "fused", "fused-decode", "fused-folded")
+NEWER_TYPES = ("bf16", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+"""Run in the kinds the llvm target compiles (fused, and its decode variant): their ONNX bodies are the
+same function in every linear family, checked on their own in test_dequant.py."""
+CASES = [(w, v) for w in WEIGHT_TYPES for v in VARIANTS if w not in NEWER_TYPES or v in ("fused", "fused-decode")]
+
+
+def cfg_for(wtype: str) -> ModelConfig:
+    return K_CFG if wtype in K_QUANTS else CFG
 SHAPES = [(1, 5, [0]), (1, 1, [37]), (2, 3, [16, 5]), (3, 1, [1, 40, 15])]
 DECODE_SHAPES = [(1, 1, [0]), (1, 1, [37])]
 TOL = 2e-5
@@ -35,13 +46,12 @@ def _run_both(kind, cache_dir, feeds):
     return got_ort, got_tvm, program
 
 
-@pytest.mark.parametrize("variant", ["separate", "fused", "fused-decode", "fused-folded"])
-@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("wtype,variant", CASES)
 def test_decoder_block(wtype, variant, cache_dir):
     """The fused decode variant's graph (and a folded kind's at any row count) folds norms, residuals,
     SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies (RotaryPagedAttention's
     calls two more functions), TVM (llvm) lowers them to their parts."""
-    kind = llama_block_kind(CFG, {n: wtype for n in BLOCK_LINEARS})
+    kind = llama_block_kind(cfg_for(wtype), {n: wtype for n in BLOCK_LINEARS})
     if variant != "separate":
         kind = fused_kind(kind)
         assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]
@@ -66,13 +76,14 @@ def test_decoder_block(wtype, variant, cache_dir):
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["general", "decode"])
-@pytest.mark.parametrize("wtype", ["q8_0", "q4_1", "f16"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_1", "f16", "bf16", "q6_k"])
 def test_head(wtype, decode, cache_dir):
-    kind = head_kind(CFG, wtype).decode_variant() if decode else head_kind(CFG, wtype)
+    cfg = cfg_for(wtype)
+    kind = head_kind(cfg, wtype).decode_variant() if decode else head_kind(cfg, wtype)
     rng = np.random.default_rng(3)
     weights = random_weights(kind, rng)
     for batch, seq in [(1, 1)] if decode else [(1, 1), (2, 3)]:
-        x = rng.standard_normal((batch, seq, CFG.hidden)).astype(np.float32)
+        x = rng.standard_normal((batch, seq, cfg.hidden)).astype(np.float32)
         got_ort, got_tvm, _ = _run_both(kind, cache_dir, {"x": x, **weights})
         ref = head_forward(kind, weights, x)
         assert np.abs(got_ort[0] - ref).max() < TOL

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from jitllm.core.layouts import weight_parts
+from jitllm.core.layouts import FLOAT_TYPES, K_QUANTS, WEIGHT_TYPES, weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind, ModelConfig
 from jitllm.lowering.targets.llvm import LlvmTarget, host_isa
@@ -22,6 +22,7 @@ from jitllm.lowering.targets.llvm import LlvmTarget, host_isa
 AVX2 = host_isa() == "avx2"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
 SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 3 threads
+K_SHAPES = [(64, 256), (1544, 512)]  # the K-quants take inputs in multiples of 256
 TOKENS = (1, 3, 4, 9, 70)  # 70: two chunks of the prefill path (64 tokens each) and a ragged tail
 
 
@@ -41,7 +42,7 @@ def _int8_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run_linear(lib, symbol, wtype, n, k, parts, x):
     m = x.shape[0]
-    xin = x if wtype in ("f32", "f16") else x.reshape(m, k // 32, 32)
+    xin = x if wtype in FLOAT_TYPES else x.reshape(m, k // 32, 32)
     y = tvm.runtime.tensor(np.zeros((m, n // 8, 8), np.float32))
     args = [tvm.runtime.tensor(parts[name]) for name, _, _ in weight_parts(wtype, n, k)]
     lib[symbol](tvm.runtime.tensor(np.ascontiguousarray(xin)), *args, y)
@@ -56,7 +57,7 @@ def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bo
     rng = np.random.default_rng(0)
     funcs, cases = {}, []
     for wtype in wtypes:
-        for n, k in SHAPES:
+        for n, k in K_SHAPES if wtype in K_QUANTS else SHAPES:
             for nt in (threads if wtype.startswith("q") else (None,)):
                 if nt is None:
                     symbol, func = target_obj.linear_kernel(wtype, n, k)
@@ -87,13 +88,21 @@ def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bo
 
 def test_exact_kernels_match_numpy():
     t = LlvmTarget("exact")
-    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=False)
+    _check_linears(t, t.tvm_target(), WEIGHT_TYPES, fast_expected=False)
 
 
 @needs_avx2
 def test_fast_kernels_match_numpy_int8_emulation():
     t = LlvmTarget("fast")
-    _check_linears(t, t.tvm_target(), ("f32", "f16", "q8_0", "q4_0", "q4_1"), fast_expected=True, threads=(1, 3))
+    _check_linears(t, t.tvm_target(), ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"), fast_expected=True,
+                   threads=(1, 3))
+
+
+@needs_avx2
+@pytest.mark.parametrize("wtype", ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
+def test_fast_kernels_of_the_5_6_bit_and_k_quant_formats(wtype):
+    t = LlvmTarget("fast")
+    _check_linears(t, t.tvm_target(), (wtype,), fast_expected=True, threads=(1, 3))
 
 
 def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():
@@ -104,7 +113,7 @@ def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():
     target = t.tvm_target()
     if AVX2:
         target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"})
-    _check_linears(t, target, ("f16", "q4_1"), fast_expected=False)
+    _check_linears(t, target, ("f16", "bf16", "q4_1", "q5_1", "q6_k"), fast_expected=False)
 
 
 def test_kernel_choice_is_part_of_the_cache_key():

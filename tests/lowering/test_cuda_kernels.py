@@ -1,9 +1,10 @@
-"""Which CUDA kernel a linear gets (compiling CUDA needs nvcc; these only build the TIR)."""
+"""Which CUDA kernel a linear gets (these build the TIR or CUDA source; one test runs nvcc where it exists)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -260,3 +261,90 @@ def test_hopper_decode_kernels_launch_dependent_and_wait_before_reading_the_step
                 assert 0 < text.index("launch_dependents") < text.index("pages[") < text.index('griddepcontrol("wait"')
     for symbol, func in decode_kernels(CudaTarget("sm_80", "fast")):
         assert "tirx.kernel_launch_params" not in (func.attrs or {}) and "griddepcontrol" not in func.script(), symbol
+
+
+NEWER_TYPES = ("bf16", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+
+
+def _param_names(wtype: str) -> list[str]:
+    """A kernel's weight parameters for `wtype`'s parts (kernels/formats.UNION; bf16 as a float type)."""
+    from jitllm.core.layouts import weight_parts
+
+    names = [name for name, _, _ in weight_parts(wtype, 8, 256)]
+    return ["w"] if wtype == "bf16" else ["d2" if n in ("m", "dmin") else n for n in names]
+
+
+def test_newer_formats_take_their_own_matvecs_and_a_te_prefill_linear_in_both_families():
+    """bf16 and the 5/6-bit and K-quant formats: decode matvecs (folds included) from kernels/cuda/gemv.py
+    and wide.py, prefill linears as the TE definition dlight schedules (dp4a and the tensor-core paths take
+    the GGML 32-block formats only), and the embedding gather."""
+    from jitllm.ir.ops import LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
+
+    for wtype in NEWER_TYPES:
+        names = _param_names(wtype)
+        for target in (CudaTarget("sm_90", "exact"), CudaTarget("sm_90", "fast")):
+            symbol, func = target.linear_kernel(wtype, 256, 512, rows=1)
+            assert symbol == f"jl_gpu_gemv_{wtype}_256x512" and [p.name for p in func.params] == ["x", *names, "y"]
+            symbol, func = target.folded_linear_kernel(NORM_LINEAR, wtype, 256, 512, 1e-5)
+            assert "rmsnormlinear_eps" in symbol and [p.name for p in func.params] == ["x", "nw", *names, "y"]
+            _, func = target.folded_linear_kernel(SWIGLU_LINEAR_ADD, wtype, 256, 512)
+            assert [p.name for p in func.params] == ["x", *names, "res", "y"] and int(func.params[0].shape[1]) == 1024
+            symbol, func = target.linear_kernel(wtype, 256, 512)
+            assert symbol == f"jl_gpu_linear_{wtype}_256x512" and len(func.params) == len(names) + 2
+            assert target.prefill_linear_kernel(LINEAR_ADD, wtype, 256, 512) is None
+            assert target.prefill_gemm_kernels(LINEAR_ADD, wtype, 256, 512) is None
+        symbol, func = CudaTarget("sm_90").embedding_kernel(wtype, 512, 256)
+        assert [p.name for p in func.params] == ["ids", *(["q"] if wtype == "bf16" else names), "x"]
+
+
+def test_a_q4_k_m_block_and_a_q6_k_head_build_cuda_code():
+    """llama.cpp's Q4_K_M mix (Q4_K, with Q6_K for attn_v and ffn_down: Q/K/V unfused, so decode steps take
+    plain matvecs) and its Q6_K head, prefill and decode, through TVM's CUDA pipeline to CUDA source (nvcc
+    not run)."""
+    import tvm
+
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.head import head_kind
+    from jitllm.ir.llama import llama_block_kind
+    from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets.cuda import _pipeline
+    from jitllm.random_model import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], hidden=256, head_dim=64, ffn=512)
+    mix = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q4_k", "ffn_gate": "q4_k",
+           "ffn_up": "q4_k", "ffn_down": "q6_k"}
+    target = CudaTarget("sm_90", "fast")
+    block, head = kind_for_target(llama_block_kind(cfg, mix), target), kind_for_target(head_kind(cfg, "q6_k"), target)
+    assert not block.fused
+    tvm_target = target.tvm_target()
+    for kind, kernels in ((block, ["jl_gpu_linear_q4_k_256x256", "jl_gpu_linear_q6_k_256x512"]),
+                          (block.decode_variant(), ["jl_gpu_gemv_q4_k_256x256", "jl_gpu_gemv_q6_k_128x256",
+                                                    "jl_gpu_gemv_q6_k_256x512"]),
+                          (head, ["jl_gpu_linear_q6_k_320x256", "embed"]),
+                          (head.decode_variant(), ["jl_gpu_gemv_q6_k_320x256_rmsnormlinear_eps"])):
+        with tvm_target, tvm.transform.PassContext(opt_level=3):
+            built = tvm.compile(to_relax(kind, build_block_graph(kind), target), target=tvm_target,
+                                relax_pipeline=_pipeline(tvm_target))
+        source = built.mod.imports[0].imports[0].inspect_source("")
+        assert all(re.search(rf"__global__ void .*\b{name}\w*_kernel\(", source) for name in kernels), kind
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_newer_formats_compile_to_gpu_code_with_nvcc(tmp_path):
+    """nvcc takes what TVM generates for them (an 8-wide float vector, say, it would not): a Q4_K_M decode
+    block, a Q5_1 head's decode matvec and a BF16 head's prefill linear and embedding gather, as cubins."""
+    from jitllm.ir.head import head_kind
+    from jitllm.ir.llama import llama_block_kind
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.random_model import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], hidden=256, head_dim=64, ffn=512)
+    mix = {"attn_q": "q4_k", "attn_k": "q4_k", "attn_v": "q6_k", "attn_output": "q4_k", "ffn_gate": "q4_k",
+           "ffn_up": "q4_k", "ffn_down": "q6_k"}
+    target = CudaTarget("sm_90")
+    for kind in (llama_block_kind(cfg, mix).decode_variant(), head_kind(cfg, "q5_1").decode_variant(),
+                 head_kind(cfg, "bf16")):
+        artifact = get_artifact(kind_for_target(kind, target), target, tmp_path)
+        assert artifact.path.read_bytes().count(b"\x7fELF") >= 2  # the host library and a cubin inside it

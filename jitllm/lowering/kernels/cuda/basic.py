@@ -18,8 +18,9 @@ import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.ir.config import BlockKind
+from jitllm.lowering.kernels.formats import float_weight, union_parts, weight_value, without_params
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two
@@ -74,13 +75,6 @@ def absent_weight_params(wtype: str) -> set[str]:
     return set(("d", "mn")[len(weight_parts(wtype, ROW_GROUP, QUANT_BLOCK)) - 1:])
 
 
-def without_params(func: tvm.tirx.PrimFunc, unused: set[str]) -> tvm.tirx.PrimFunc:
-    """`func` without the named parameters: a kernel written once for every variant takes the union
-    of their inputs, and each variant drops those its body never reads."""
-    return tvm.tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type,
-                             func.attrs)
-
-
 def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[str, tvm.tirx.PrimFunc]:
     """One activation row (`rows` == 1, decode) takes the hand-scheduled GEMV of kernels/cuda/gemv.py;
     otherwise an unscheduled compute definition for dlight's matmul rules."""
@@ -98,6 +92,14 @@ def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[
 
         def weight(row, col):
             return w[row // R, col, row % R].astype("float32")
+    elif wtype == "bf16" or wtype in WIDE_TYPES:
+        parts = [te.placeholder([_i64(v) for v in shape], dtype, name=name) for name, shape, dtype in
+                 weight_parts(wtype, n, k)]
+
+        def weight(row, col):
+            if wtype == "bf16":
+                return float_weight(wtype, parts[0][row // R, col, row % R])
+            return weight_value(wtype, union_parts(wtype, parts), row // R, row % R, col)
     else:
         qshape = (_i64(g), _i64(nb), _i64(32 if wtype == "q8_0" else 16), _i64(R))
         qs = te.placeholder(qshape, "int8" if wtype == "q8_0" else "uint8", name="qs")
@@ -341,11 +343,15 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
     """ids [1, n] (int32) -> x [1, n, hidden] (f32): the rows of a [vocab, hidden] table in the row-group
     layout (jitllm.core.layouts.weight_parts; parameters ids, the parts, x), dequantized as
     jitllm.core.quant.dequantize_rows does on the host."""
+    symbol = f"jl_gpu_embedding_{wtype}_{vocab}x{hidden}"
+    if wtype in WIDE_TYPES:
+        from jitllm.lowering.kernels.cuda.wide import wide_embedding_kernel
+
+        return symbol, wide_embedding_kernel(wtype, vocab, hidden).with_attr("global_symbol", symbol)
     parts = weight_parts(wtype, vocab, hidden)
     (_, qshape, qdtype), NB = parts[0], hidden // QUANT_BLOCK
     G, K, NT_E = vocab // R, hidden, 128
     CB = (hidden + NT_E - 1) // NT_E  # thread blocks per row
-    symbol = f"jl_gpu_embedding_{wtype}_{vocab}x{hidden}"
 
     @T.prim_func
     def f(ids_h: T.handle, q: T.Buffer(qshape, qdtype), d: T.Buffer((G, NB, R), "float16"),
@@ -361,8 +367,8 @@ def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx
                 g: T.let = ids[0, tok] // R
                 lane: T.let = ids[0, tok] % R
                 if c < K:
-                    if wtype == "f32" or wtype == "f16":
-                        x[0, tok, c] = T.Cast("float32", q[g, c, lane])
+                    if wtype == "f32" or wtype == "f16" or wtype == "bf16":
+                        x[0, tok, c] = float_weight(wtype, q[g, c, lane])
                     elif wtype == "q8_0":
                         x[0, tok, c] = T.Cast("float32", d[g, c // 32, lane]) * T.Cast("float32", q[g, c // 32, c % 32, lane])
                     else:

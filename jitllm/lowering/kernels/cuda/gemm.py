@@ -27,8 +27,9 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.ir.ops import NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels.cuda.basic import absent_weight_params, shfl_xor, without_params
+from jitllm.lowering.kernels.cuda.basic import absent_weight_params, shfl_xor
 from jitllm.lowering.kernels.cuda.mma import WMMA_FORMATS, load_w, store_w
+from jitllm.lowering.kernels.formats import without_params
 
 R = ROW_GROUP
 BK = QUANT_BLOCK

@@ -25,9 +25,10 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
+from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES
 from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, shfl_xor, without_params
+from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, shfl_xor
+from jitllm.lowering.kernels.formats import FLOAT_STORAGE, float_weight, without_params
 
 R = ROW_GROUP
 PREFETCH = 4  # weight columns each thread of a dependent float kernel loads before it waits
@@ -62,8 +63,13 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
     launched dependent (see the module docstring)."""
     fold = Fold.of(family, eps)
     symbol = f"jl_gpu_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
-    factory = {"f32": _float, "f16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
-    func = factory(wtype, n // R, k, fold, dependent)
+    if wtype in WIDE_TYPES:
+        from jitllm.lowering.kernels.cuda.wide import wide_gemv
+
+        func = wide_gemv(wtype, n // R, k, fold, dependent)
+    else:
+        factory = {"f32": _float, "f16": _float, "bf16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
+        func = factory(wtype, n // R, k, fold, dependent)
     func = without_params(func, {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used})
     return symbol, dependent_launch(func, dependent).with_attr("global_symbol", symbol)
 
@@ -78,13 +84,13 @@ def threads_for(items: int, each: int = 4) -> int:
 
 
 @T.macro
-def _zero(acc):
+def zero_sums(acc):
     for r in T.serial(R):
         acc[r] = T.float32(0)
 
 
 @T.macro
-def _input(xv, i, ss, x, nw, kk, K, norm, swiglu):
+def read_input(xv, i, ss, x, nw, kk, K, norm, swiglu):
     """xv[i] = the matvec's input at column kk: x, or silu(gate) * up; times the norm weight, with its
     square added to the sum of squares first."""
     if swiglu:
@@ -97,7 +103,7 @@ def _input(xv, i, ss, x, nw, kk, K, norm, swiglu):
 
 
 @T.macro
-def _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
+def block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
     """Each thread's R partial sums -> per warp by shuffles (three halving exchanges leave each lane one
     row, lane l row (l >> 2) % 8, then two more add the four lanes of a row) -> shared memory -> threads
     0..R-1 add the warps' sums and store rows (the sum of squares: five shuffles, then the warps).
@@ -139,18 +145,19 @@ def _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold):
 
 
 @T.macro
-def _float_item(acc, xv, ss, wl, wpre, w, x, nw, g, e, step, K, fold, PRE):
-    """Add column e (its 8 rows: one 16-byte load for f16) of row group g to the R partial sums; the
-    thread's first PRE columns were loaded into `wpre` before the wait."""
+def _float_item(acc, xv, ss, wl, wpre, w, x, nw, g, e, step, K, fold, PRE, bf16):
+    """Add column e (its 8 rows: one 16-byte load for f16 and bf16) of row group g to the R partial sums;
+    the thread's first PRE columns were loaded into `wpre` before the wait. `bf16`: the weights are bf16
+    bits."""
     if step < PRE:  # (step is unrolled: the branch resolves at compile time)
         for r in T.vectorized(R):
             wl[r] = wpre[step, r]
     else:
         for r in T.vectorized(R):
             wl[r] = w[g, e, r]
-    _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
+    read_input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
     for r in T.serial(R):
-        acc[r] = acc[r] + T.Cast("float32", wl[r]) * xv[0]
+        acc[r] = acc[r] + float_weight("bf16" if bf16 else "f32", wl[r]) * xv[0]
 
 
 @T.macro
@@ -160,7 +167,7 @@ def _q8_0_item(acc, xv, ss, ql, dl, qs, d, x, nw, g, e, K, fold):
         ql[r] = qs[g, e // 32, e % 32, r]
     for r in T.vectorized(R):
         dl[r] = d[g, e // 32, r]
-    _input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
+    read_input(xv, 0, ss, x, nw, e, K, fold.norm, fold.swiglu)
     for r in T.serial(R):
         acc[r] = acc[r] + T.Cast("float32", dl[r]) * T.Cast("float32", ql[r]) * xv[0]
 
@@ -172,8 +179,8 @@ def _q4_item(acc, xv, ss, ql, dl, ml, qs, d, mn, x, nw, g, e, K, q4_1, fold):
     b: T.let = e // 16
     j: T.let = e % 16
     bias: T.let = T.float32(8388608 if q4_1 else 8388616)
-    _input(xv, 0, ss, x, nw, b * 32 + j, K, fold.norm, fold.swiglu)
-    _input(xv, 1, ss, x, nw, b * 32 + j + 16, K, fold.norm, fold.swiglu)
+    read_input(xv, 0, ss, x, nw, b * 32 + j, K, fold.norm, fold.swiglu)
+    read_input(xv, 1, ss, x, nw, b * 32 + j + 16, K, fold.norm, fold.swiglu)
     for r in T.vectorized(R):
         ql[r] = qs[g, b, j, r]
     for r in T.vectorized(R):
@@ -215,21 +222,22 @@ def _body(x, nw, q, d, mn, res, y, G, K, NT, ITEMS, fmt, qdtype, fold, dependent
                     for r in T.vectorized(R):
                         wpre[step, r] = q[g, step * NT + t, r]
             await_previous_kernel(dependent)
-            _zero(acc)
+            zero_sums(acc)
             ss[0] = T.float32(0)
             for step in T.unroll((ITEMS + NT - 1) // NT):
                 if step * NT + t < ITEMS:
-                    if fmt == "float":
-                        _float_item(acc, xv, ss, ql, wpre, q, x, nw, g, step * NT + t, step, K, fold, PRE)
+                    if fmt == "float" or fmt == "bf16":
+                        _float_item(acc, xv, ss, ql, wpre, q, x, nw, g, step * NT + t, step, K, fold, PRE,
+                                    fmt == "bf16")
                     elif fmt == "q8_0":
                         _q8_0_item(acc, xv, ss, ql, dl, q, d, x, nw, g, step * NT + t, K, fold)
                     else:
                         _q4_item(acc, xv, ss, ql, dl, ml, q, d, mn, x, nw, g, step * NT + t, K, fmt == "q4_1", fold)
-            _block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold)
+            block_sum_and_store(part, pss, acc, ss, t, g, y, res, NT, K, fold)
 
 
 def _float(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
-    wdtype = "float32" if wtype == "f32" else "float16"
+    wdtype = FLOAT_STORAGE[wtype]
     NT = threads_for(K)  # items: a column of the group's 8 rows
     XK = 2 * K if fold.swiglu else K
     PRE = min(PREFETCH, K // NT) if dependent else 0  # whole steps only: every thread has those columns
@@ -238,7 +246,8 @@ def _float(wtype: str, G: int, K: int, fold: Fold, dependent: bool):
     def f(x: T.Buffer((1, XK), "float32"), nw: T.Buffer((K,), "float32"), w: T.Buffer((G, K, R), wdtype),
           res: T.Buffer((1, G, R), "float32"), y: T.Buffer((1, G, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        _body(x, nw, w, None, None, res, y, G, K, NT, K, "float", wdtype, fold, dependent, PRE)
+        _body(x, nw, w, None, None, res, y, G, K, NT, K, "bf16" if wtype == "bf16" else "float", wdtype, fold,
+              dependent, PRE)
 
     return f
 

@@ -33,9 +33,9 @@ from jitllm.lowering.kernels.cuda.basic import (
     await_previous_kernel,
     dependent_launch,
     shfl_xor,
-    without_params,
 )
 from jitllm.lowering.kernels.cuda.gemv import Fold, threads_for
+from jitllm.lowering.kernels.formats import without_params
 
 R = ROW_GROUP
 FORMATS = ("q8_0", "q4_0", "q4_1")

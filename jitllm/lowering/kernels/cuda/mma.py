@@ -28,8 +28,9 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, weight_parts
 from jitllm.ir.ops import LINEAR, SWIGLU_LINEAR_ADD
-from jitllm.lowering.kernels.cuda.basic import absent_weight_params, shfl_xor, without_params
+from jitllm.lowering.kernels.cuda.basic import absent_weight_params, shfl_xor
 from jitllm.lowering.kernels.cuda.gemv import Fold
+from jitllm.lowering.kernels.formats import without_params
 
 R = ROW_GROUP
 BK = QUANT_BLOCK

@@ -151,10 +151,14 @@ def load(path: str | Path, **options) -> Model:
 
 def load_with(path: str | Path, options: LoadOptions) -> Model:
     """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts."""
-    from jitllm.tokenizer import Tokenizer
+    from jitllm.tokenizer import model_tokenizer
 
-    opened = open_model(path, options)
-    tokenizer = Tokenizer.from_header(opened.file.header)
+    file = JlmFile(path)
+    try:  # the whole header checked before anything compiles (open_model derives the layout again: ~ms)
+        tokenizer = model_tokenizer(file.header, ModelLayout.from_file(file).config.vocab)
+    except JitllmError as e:
+        raise JitllmError(f"{file.path}: {e}") from None
+    opened = open_model(file, options)
     model = Model(Path(path), opened.file, opened.layout, opened.plan, opened.devices, opened.executor, tokenizer,
                   no_gpu_fallback=options.no_gpu_fallback, log=options.log, grow_queue=opened.grow_queue)
     if options.relocate:

@@ -341,7 +341,8 @@ def _hf_int8(tmp_path: Path) -> Path:
     blob = shard.read_bytes()
     n = struct.unpack("<Q", blob[:8])[0]
     header = json.loads(blob[8:8 + n])
-    header["model.layers.0.mlp.up_proj.weight"]["dtype"] = "I8"
+    entry = header["model.layers.0.mlp.up_proj.weight"]
+    entry["dtype"], entry["shape"] = "I8", [entry["shape"][0], entry["shape"][1] * 4]  # the same bytes, as int8
     new = json.dumps(header).encode().ljust(n)
     shard.write_bytes(blob[:8] + new + blob[8 + n:])
     return path

@@ -94,8 +94,8 @@ class GgufSource:
         values: dict[str, Any] = {"arch": arch, **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
         if "heads" in values:
             values.setdefault("kv_heads", values["heads"])
-        if "head_dim" not in values and _positive(values.get("hidden")) and _positive(values.get("heads")):
-            values["head_dim"] = values["hidden"] // values["heads"]
+        if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:
+            values["head_dim"] = values["hidden"] // max(values["heads"], 1)  # (heads < 1 is reported first)
         embedding = self.info("token_embd")[0]
         if len(embedding) != 2:
             raise JitllmError(f"token_embd.weight: shape {list(embedding)}, expected [vocab, hidden]")
@@ -153,10 +153,6 @@ class GgufSource:
         return RopeScaling("yarn", factor, self._number(key + "original_context_length", 0, int) or context,
                            beta_fast=_f32(self._number(key + "yarn_beta_fast", 32.0)),
                            beta_slow=_f32(self._number(key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
-
-
-def _positive(value: object) -> bool:
-    return type(value) is int and value > 0
 
 
 def _f32(value: float) -> float:

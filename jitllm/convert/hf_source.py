@@ -116,8 +116,8 @@ class HfSource:
             values["rope_theta"] = rope["rope_theta"]
         if "heads" in values:
             values.setdefault("kv_heads", values["heads"])
-        if "head_dim" not in values and _positive(values.get("hidden")) and _positive(values.get("heads")):
-            values["head_dim"] = values["hidden"] // values["heads"]
+        if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:
+            values["head_dim"] = values["hidden"] // max(values["heads"], 1)  # (heads < 1 is reported first)
         try:
             cfg = ModelConfig.from_json(values, _CONFIG_KEYS)
         except JitllmError as e:
@@ -254,10 +254,6 @@ def _tokenizer_meta(path: Path, cfg: dict, vocab: int) -> dict:
     except JitllmError as e:
         raise JitllmError(f"{path}: {e}") from None
     return meta
-
-
-def _positive(value: object) -> bool:
-    return type(value) is int and value > 0
 
 
 def _ids(value: Any, where: Path, key: str) -> list[int]:

@@ -66,6 +66,7 @@ BAD_HEADERS = {
                                     r"weights.blocks\[1\] must give the type of attn_q, attn_k"),
     "blocks miscounted": (lambda h: h["weights"]["blocks"].pop(), "header lists 1 blocks, config says 2"),
     "tied head of another type": (_set("weights/output", "q8_0"), "weights.output is 'q8_0' but the head is tied"),
+    "matrix off its layout": (_set("config/hidden", 60), r"blk\.0\.attn_q: 60 inputs is not a multiple of 32 \(q4_1\)"),
     "tensor deleted": (lambda h: h["tensors"].pop("blk.1.ffn_down.qs"), "tensor blk.1.ffn_down.qs is missing"),
     "tensor shape off the config": (_set("tensors/blk.0.attn_norm/shape", [32]),
                                     r"tensor blk.0.attn_norm is \[32\] float32, the config needs \[64\] float32"),

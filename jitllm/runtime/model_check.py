@@ -11,7 +11,7 @@ from jitllm.core.errors import JitllmError, shown
 from jitllm.core.jlm import TensorEntry
 from jitllm.core.layouts import WEIGHT_TYPES, check_linear_shape
 from jitllm.ir.blocks import block_linear_specs
-from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.config import LinearSpec, ModelConfig
 
 WeightTypes = tuple[str, str, list[dict[str, str]]]
 """(embedding type, head type, each block's linear -> type)."""
@@ -40,13 +40,12 @@ def weight_types(weights: object, cfg: ModelConfig) -> WeightTypes:
     return embedding, head, blocks
 
 
-def check_linears(kinds: Iterable[BlockKind]) -> None:
-    """Every linear of these kinds storable in its weight type's layout (rows in groups of 8, inputs in
+def check_linears(linears: Iterable[tuple[str, LinearSpec]]) -> None:
+    """Every (tensor name, linear) storable in its weight type's layout (rows in groups of 8, inputs in
     whole quantization blocks)."""
-    for kind in kinds:
-        for spec in kind.linears:
-            if reason := check_linear_shape(spec.name, spec.wtype, spec.out_features, spec.in_features):
-                raise JitllmError(reason)
+    for name, spec in linears:
+        if reason := check_linear_shape(name, spec.wtype, spec.out_features, spec.in_features):
+            raise JitllmError(reason)
 
 
 def check_tensors(tensors: Mapping[str, TensorEntry], expected: Mapping[str, tuple[tuple[int, ...], str]]) -> None:

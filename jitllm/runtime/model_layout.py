@@ -9,7 +9,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.core.layouts import weight_parts
 from jitllm.ir.blocks import block_kind, block_type, weight_inputs
-from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.runtime.model_check import check_linears, check_tensors, weight_types
 
@@ -32,7 +32,9 @@ class ModelLayout:
             embedding, output, blocks = weight_types(model.header.get("weights"), cfg)
             kinds = tuple(block_kind(cfg, i, w, page_size) for i, w in enumerate(blocks))
             layout = cls(cfg, kinds, head_kind(cfg, output), embedding)
-            check_linears([*kinds, layout.head, head_kind(cfg, embedding)])
+            check_linears([*((f"blk.{i}.{s.name}", s) for i, k in enumerate(kinds) for s in k.linears),
+                           ("output", layout.head.linears[0]),
+                           ("token_embd", LinearSpec("token_embd", cfg.vocab, cfg.hidden, embedding))])
             check_tensors(model.tensors, layout.file_tensors())
         except JitllmError as e:
             raise JitllmError(f"{model.path}: {e}") from None

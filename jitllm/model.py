@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
+from jitllm.checked_model import CheckedModel, open_checked
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.runtime.backends.host import HOST
@@ -149,14 +150,14 @@ def load(path: str | Path, **options) -> Model:
     return load_with(path, LoadOptions(**options))
 
 
-def load_with(path: str | Path, options: LoadOptions) -> Model:
-    """Open a .jlm, plan where each block runs, upload weights and load (or compile) the artifacts."""
-    from jitllm.tokenizer import Tokenizer
-
-    opened = open_model(path, options)
-    tokenizer = Tokenizer.from_header(opened.file.header)
-    model = Model(Path(path), opened.file, opened.layout, opened.plan, opened.devices, opened.executor, tokenizer,
-                  no_gpu_fallback=options.no_gpu_fallback, log=options.log, grow_queue=opened.grow_queue)
+def load_with(source: str | Path | CheckedModel, options: LoadOptions) -> Model:
+    """Open a .jlm (its whole header checked first, before anything compiles: jitllm.checked_model), plan
+    where each block runs, upload weights and load (or compile) the artifacts."""
+    checked = source if isinstance(source, CheckedModel) else open_checked(source)
+    opened = open_model(checked.file, options)
+    model = Model(checked.file.path, opened.file, opened.layout, opened.plan, opened.devices, opened.executor,
+                  checked.tokenizer, no_gpu_fallback=options.no_gpu_fallback, log=options.log,
+                  grow_queue=opened.grow_queue)
     if options.relocate:
         opened.executor.relocate = model.relocate_from
     if options.tune_seam:

@@ -17,8 +17,8 @@ PARTS = {
     "runtime": "jitllm.runtime",
     "tokenizer": "jitllm.tokenizer",
     "convert": "jitllm.convert",
-    "api": ("jitllm.model", "jitllm.chat", "jitllm.speed", "jitllm.verify", "jitllm.random_model",
-            "jitllm.default_model"),
+    "api": ("jitllm.model", "jitllm.checked_model", "jitllm.chat", "jitllm.speed", "jitllm.verify",
+            "jitllm.random_model", "jitllm.default_model"),
     "server": "jitllm.server",
     "cli": ("jitllm.cli", "jitllm.cli_commands", "jitllm.commands", "jitllm.__main__"),
 }

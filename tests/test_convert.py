@@ -341,10 +341,39 @@ def _hf_int8(tmp_path: Path) -> Path:
     blob = shard.read_bytes()
     n = struct.unpack("<Q", blob[:8])[0]
     header = json.loads(blob[8:8 + n])
-    header["model.layers.0.mlp.up_proj.weight"]["dtype"] = "I8"
+    entry = header["model.layers.0.mlp.up_proj.weight"]
+    entry["dtype"], entry["shape"] = "I8", [entry["shape"][0], entry["shape"][1] * 4]  # the same bytes, as int8
     new = json.dumps(header).encode().ljust(n)
     shard.write_bytes(blob[:8] + new + blob[8 + n:])
     return path
+
+
+def _hf_file(tmp_path: Path, name: str, content) -> Path:
+    """An HF directory whose file `name` holds `content` as JSON."""
+    path = write_hf(tmp_path / "hf", float_weights(tied=True))
+    (path / name).write_text(json.dumps(content))
+    return path
+
+
+def _hf_offsets(tmp_path: Path, shift: int, cut: int) -> Path:
+    """An HF directory whose first tensor's data_offsets start `shift` bytes late and end `cut` bytes early."""
+    path = write_hf(tmp_path / "hf", float_weights(tied=True))
+    shard = path / "model-00001-of-00002.safetensors"
+    blob = shard.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    entry = header[next(k for k in header if k != "__metadata__")]
+    entry["data_offsets"] = [entry["data_offsets"][0] + shift, entry["data_offsets"][1] - cut]
+    new = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(new)) + new + blob[8 + n:])
+    return path
+
+
+def _gguf_meta(tmp_path: Path, write: Callable[[gguf.GGUFWriter], None], rows: int = VOCAB) -> Path:
+    """A tiny GGUF with metadata (re)written by `write`, its embedding cut to `rows` rows."""
+    weights = float_weights(True)
+    weights["token_embd"] = weights["token_embd"][:rows]
+    return write_gguf(tmp_path / "m.gguf", weights, extra=write)
 
 
 def _gguf_rope(tmp_path: Path, scaling: gguf.RopeScalingType | None = None, ext_factor: float | None = None,
@@ -396,6 +425,49 @@ BAD_SOURCES = {
     "hf shape": (lambda t: _hf_edit(t, {"intermediate_size": 128}), r"gate_proj\.weight: shape \[96, 64\], expected \[128, 64\]"),
     "hf tokenizer": (lambda t: _hf_edit(t, drop="tokenizer.json"), "no tokenizer.json"),
     "hf int8": (_hf_int8, r"up_proj\.weight: dtype I8 is not supported"),
+    # issue 27, class 4: what cannot run, and malformed configs
+    "gguf tokenizer beyond the embedding": (lambda t: _gguf_meta(t, lambda w: None, rows=256),
+                                            r"^m\.gguf: the tokenizer has 264 tokens but the embedding only 256 rows$"),
+    "gguf head count as a string": (lambda t: _gguf_meta(t, lambda w: w.add_string("llama.attention.head_count", "4")),
+                                    r"^m\.gguf: llama\.attention\.head_count must be an integer \(got '4'\)$"),
+    "gguf zero heads": (lambda t: _gguf_meta(t, lambda w: w.add_head_count(0)),
+                        r"llama\.attention\.head_count must be a positive integer \(got 0\)"),
+    "gguf zero blocks": (lambda t: _gguf_meta(t, lambda w: w.add_block_count(0)),
+                         r"llama\.block_count must be a positive integer \(got 0\)"),
+    "gguf eos id as a string": (lambda t: _gguf_meta(t, lambda w: w.add_string("tokenizer.ggml.eos_token_id", "2")),
+                                r"tokenizer\.ggml\.eos_token_id must be a token id \(got '2'\)"),
+    "gguf eos beyond the vocabulary": (lambda t: _gguf_meta(t, lambda w: w.add_eos_token_id(999)),
+                                       r"^m\.gguf: eos_token_id 999 is not a token of the 264-token vocabulary$"),
+    "gguf rope factor as a string": (lambda t: _gguf_meta(t, lambda w: w.add_string("llama.rope.scaling.factor", "2")),
+                                     r"llama\.rope\.scaling\.factor must be a number \(got '2'\)"),
+    "hf -1 layers": (lambda t: _hf_edit(t, {"num_hidden_layers": -1}),
+                     r"config\.json: num_hidden_layers must be a positive integer \(got -1\)$"),
+    "hf zero heads": (lambda t: _hf_edit(t, {"num_attention_heads": 0}),
+                      r"config\.json: num_attention_heads must be a positive integer \(got 0\)$"),
+    "hf number as a string": (lambda t: _hf_edit(t, {"hidden_size": "64"}),
+                              r"config\.json: hidden_size must be an integer \(got '64'\)$"),
+    "hf tie as a string": (lambda t: _hf_edit(t, {"tie_word_embeddings": "false"}),
+                           r"tie_word_embeddings must be true or false \(got 'false'\)"),
+    "hf kv heads not dividing": (lambda t: _hf_edit(t, {"num_key_value_heads": 3}),
+                                 r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"),
+    "hf rope scaling a list": (lambda t: _hf_edit(t, {"rope_scaling": [2.0]}), r"rope_scaling must be an object"),
+    "hf rope factor as a string": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "linear", "factor": "2"}}),
+                                   r"config\.json: factor must be a number \(got '2'\)"),
+    "hf vocabulary beyond the embedding": (lambda t: _hf_edit(t, {"vocab_size": 256}),
+                                           "the tokenizer has 264 tokens but the embedding only 256 rows"),
+    "hf config a list": (lambda t: _hf_file(t, "config.json", [{"hidden_size": 64}]),
+                         r"config\.json: must hold a JSON object \(got list\)$"),
+    "hf tokenizer_config a list": (lambda t: _hf_file(t, "tokenizer_config.json", []),
+                                   r"tokenizer_config\.json: must hold a JSON object \(got list\)$"),
+    "hf eos id as a string": (lambda t: _hf_file(t, "generation_config.json", {"eos_token_id": "2"}),
+                              r"generation_config\.json: eos_token_id must be a token id or a list of them"),
+    "hf stop id beyond the vocabulary": (lambda t: _hf_file(t, "generation_config.json", {"eos_token_id": [2, 999]}),
+                                         r"stop_token_ids\[1\] 999 is not a token of the 264-token vocabulary"),
+    "hf chat template a number": (lambda t: _hf_file(t, "tokenizer_config.json", {"chat_template": 7}),
+                                  r"chat_template must be a string or a list of named templates \(got 7\)"),
+    "safetensors offsets mid-file": (lambda t: _hf_offsets(t, 64, 0), r"truncated or corrupt safetensors file "
+                                                                    r"\(invalid offset for tensor `model\.embed_tokens\.weight`\)"),
+    "safetensors offsets short": (lambda t: _hf_offsets(t, 0, 64), r"truncated or corrupt safetensors file"),
 }
 
 

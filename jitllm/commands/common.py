@@ -51,13 +51,16 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
     """Load (converting the built-in default when `model_path` is None) and report on stderr, or through `log`
     where given (then -v's plan goes there too). `flags`: the values of `placement_options` by name,
     `overrides` what a verb sets itself."""
-    from jitllm.lowering.cache import stderr_log
-    from jitllm.model import LoadOptions, load_with, with_placement
+    from jitllm.checked_model import open_checked
 
     if model_path is None:
         from jitllm.default_model import default_model_path
 
         model_path = str(default_model_path())
+    checked = open_checked(model_path)  # a bad file fails here, before the imports below bring TVM in
+    from jitllm.lowering.cache import stderr_log
+    from jitllm.model import LoadOptions, load_with, with_placement
+
     f = {**flags, **overrides}
     option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
     options = LoadOptions(
@@ -66,7 +69,7 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"])
-    return load_with(model_path, options)
+    return load_with(checked, options)
 
 
 def _compile_log(message: str) -> None:

@@ -7,17 +7,19 @@ quantized tensors pass through without dequantizing when their type is kept.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 
-from jitllm.core.errors import JitllmError
+from jitllm.core.errors import JitllmError, shown
 from jitllm.core.quant import parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
-from jitllm.tokenizer import header_from_gguf
+from jitllm.tokenizer import check_token_settings, gguf_tokenizer
+from jitllm.tokenizer.gguf_vocab import token_settings
 
 ARCHITECTURES = ("llama", "mistral")
 # GGML tensor type -> the jitllm weight type it keeps when no -dtype is given (every other type, e.g. Q2_K,
@@ -26,6 +28,11 @@ NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_
                 "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 _REPACKED = ("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """Types whose GGML bytes are repacked as they are (no dequantize and requantize)."""
+_CONFIG_KEYS = {"num_blocks": "block_count", "hidden": "embedding_length", "heads": "attention.head_count",
+                "kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+                "ffn": "feed_forward_length", "context": "context_length", "rope_theta": "rope.freq_base",
+                "rms_eps": "attention.layer_norm_rms_epsilon"}
+"""ModelConfig field -> its GGUF metadata key after "<arch>."."""
 
 
 class GgufSource:
@@ -47,7 +54,12 @@ class GgufSource:
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
         self.config = self._config(arch)
-        self.tokenizer_meta = header_from_gguf(self.metadata)
+        tok = gguf_tokenizer(self.metadata)
+        self.tokenizer_meta = {"tokenizer": tok.to_str(), **token_settings(self.metadata, tok)}
+        try:
+            check_token_settings(tok, self.tokenizer_meta, self.config.vocab)
+        except JitllmError as e:
+            raise JitllmError(f"{path.name}: {e}") from None
 
     def tensor_name(self, name: str) -> str:
         return f"{name}.weight"
@@ -74,28 +86,38 @@ class GgufSource:
             raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
         return t
 
-    def _get(self, key: str, default: Any = None) -> Any:
-        value = self.metadata.get(key, default)
-        if value is None:
-            raise JitllmError(f"{self.path.name}: GGUF metadata lacks {key}")
-        return value
-
     def _config(self, arch: str) -> ModelConfig:
-        p = f"{arch}."
-        hidden, heads = int(self._get(p + "embedding_length")), int(self._get(p + "attention.head_count"))
-        head_dim = int(self.metadata.get(p + "attention.key_length") or hidden // heads)
-        rope_dim = int(self.metadata.get(p + "rope.dimension_count", head_dim))
-        if rope_dim != head_dim:
-            raise JitllmError(f"partial rotary embedding ({rope_dim} of {head_dim} dims) is not supported")
-        vocab, _ = self.info("token_embd")[0]
-        context = int(self._get(p + "context_length"))
-        return ModelConfig(
-            arch=arch, num_blocks=int(self._get(p + "block_count")), hidden=hidden, heads=heads,
-            kv_heads=int(self.metadata.get(p + "attention.head_count_kv", heads)), head_dim=head_dim,
-            ffn=int(self._get(p + "feed_forward_length")), vocab=vocab,
-            context=context, rope_theta=_f32(self.metadata.get(p + "rope.freq_base", 10000.0)),
-            rms_eps=_f32(self._get(p + "attention.layer_norm_rms_epsilon")),
-            tied_head="output.weight" not in self._tensors, rope_scaling=self._rope_scaling(p, head_dim, context))
+        """The config from the metadata, typed and range-checked by ModelConfig.from_json (messages name the
+        GGUF keys); the vocabulary is the embedding's row count."""
+        p, meta = f"{arch}.", self.metadata
+        names = {field: p + key for field, key in _CONFIG_KEYS.items()}
+        values: dict[str, Any] = {"arch": arch, **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
+        if "heads" in values:
+            values.setdefault("kv_heads", values["heads"])
+        if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:
+            values["head_dim"] = values["hidden"] // max(values["heads"], 1)  # (heads < 1 is reported first)
+        embedding = self.info("token_embd")[0]
+        if len(embedding) != 2:
+            raise JitllmError(f"token_embd.weight: shape {list(embedding)}, expected [vocab, hidden]")
+        values |= {"vocab": embedding[0], "tied_head": "output.weight" not in self._tensors}
+        values.setdefault("rope_theta", 10000.0)
+        try:
+            cfg = ModelConfig.from_json(values, names)
+        except JitllmError as e:
+            raise JitllmError(f"{self.path.name}: {e}") from None
+        rope_dim = self._number(p + "rope.dimension_count", cfg.head_dim, int)
+        if rope_dim != cfg.head_dim:
+            raise JitllmError(f"partial rotary embedding ({rope_dim} of {cfg.head_dim} dims) is not supported")
+        return replace(cfg, rope_theta=_f32(cfg.rope_theta), rms_eps=_f32(cfg.rms_eps),
+                       rope_scaling=self._rope_scaling(p, cfg.head_dim, cfg.context))
+
+    def _number(self, key: str, default: float, kind: type = float) -> Any:
+        """A numeric metadata value (`kind` int: an integer), or `default` where the key is absent."""
+        value = self.metadata.get(key, default)
+        if type(value) is not kind and not (kind is float and type(value) is int):
+            noun = "an integer" if kind is int else "a number"
+            raise JitllmError(f"{self.path.name}: {key} must be {noun} (got {shown(value)})")
+        return value
 
     def _rope_scaling(self, p: str, head_dim: int, context: int) -> RopeScaling:
         """The RoPE scaling as llama.cpp reads it: rope.scaling.type (linear where it is absent but a factor is
@@ -103,9 +125,9 @@ class GgufSource:
         Llama 3's per-pair frequency divisors in the rope_freqs.weight tensor. YaRN's parameters are the
         yarn_* keys convert_hf_to_gguf.py copies from config.json, read as transformers reads them."""
         key, meta = f"{p}rope.scaling.", self.metadata
-        factor = meta.get(key + "factor") or meta.get(p + "rope.scale_linear") or 0.0
+        factor = self._number(key + "factor", 0.0) or self._number(p + "rope.scale_linear", 0.0)
         kind = meta.get(key + "type", "linear" if factor not in (0.0, 1.0) else "none")
-        attn = _f32(meta.get(key + "attn_factor", 1.0))
+        attn = _f32(self._number(key + "attn_factor", 1.0))
         if "rope_freqs.weight" in self._tensors:
             if kind != "none":
                 raise JitllmError(f"rope_freqs.weight with rope scaling {kind!r} is not supported")
@@ -124,13 +146,13 @@ class GgufSource:
         if kind == "linear":
             return RopeScaling("linear", factor, attention_factor=attn)
         for name, plain in (("yarn_ext_factor", 1.0), ("yarn_log_multiplier", 0.0)):
-            if meta.get(key + name, plain) != plain:
+            if self._number(key + name, plain) != plain:
                 raise JitllmError(f"{key}{name} = {meta[key + name]} is not supported")
-        attention = meta.get(key + "yarn_attn_factor")
-        attention = yarn_attention_factor(factor) if attention is None else _f32(attention)
-        return RopeScaling("yarn", factor, int(meta.get(key + "original_context_length") or context),
-                           beta_fast=_f32(meta.get(key + "yarn_beta_fast", 32.0)),
-                           beta_slow=_f32(meta.get(key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
+        attention = (_f32(self._number(key + "yarn_attn_factor", 1.0)) if key + "yarn_attn_factor" in meta
+                     else yarn_attention_factor(factor))
+        return RopeScaling("yarn", factor, self._number(key + "original_context_length", 0, int) or context,
+                           beta_fast=_f32(self._number(key + "yarn_beta_fast", 32.0)),
+                           beta_slow=_f32(self._number(key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
 
 
 def _f32(value: float) -> float:

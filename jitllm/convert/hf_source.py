@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tokenizers
+from safetensors import SafetensorError, safe_open
 
-from jitllm.core.errors import JitllmError
+from jitllm.core.errors import JitllmError, shown
 from jitllm.core.quant import parts_from_float
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
-from jitllm.tokenizer import stop_token_ids
+from jitllm.tokenizer import check_token_settings, stop_token_ids
 
 # config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "llama": "llama", "mistral": "mistral"}
@@ -28,6 +30,11 @@ HF_ROPE_TYPES = ("linear", "llama3", "yarn")
 """config.json rope types beside "default" (transformers' ROPE_INIT_FUNCTIONS names)."""
 # safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
 DTYPES = {"F32": ("float32", "f32"), "F16": ("float16", "f16"), "BF16": ("uint16", "bf16")}
+_CONFIG_KEYS = {"num_blocks": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
+                "vocab": "vocab_size", "context": "max_position_embeddings", "rope_theta": "rope_theta",
+                "rms_eps": "rms_norm_eps", "tied_head": "tie_word_embeddings"}
+"""ModelConfig field -> its config.json key."""
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -55,7 +62,7 @@ class HfSource:
             raise JitllmError(f"{path}: no *.safetensors weight files")
         for file in files:
             self._tensors.update(_index_safetensors(file))
-        self.tokenizer_meta = _tokenizer_meta(path, self._cfg)
+        self.tokenizer_meta = _tokenizer_meta(path, self._cfg, self.config.vocab)
 
     def tensor_name(self, name: str) -> str:
         if name.startswith("blk."):
@@ -91,107 +98,128 @@ class HfSource:
         return entry
 
     def _config(self) -> ModelConfig:
-        c = self._cfg
-        name = (c.get("architectures") or [c.get("model_type")])[0]
-        if name not in ARCHITECTURES:
-            raise JitllmError(f"unsupported architecture {name!r} (supported: {', '.join(ARCHITECTURES)})")
-        _, rope = _rope_parameters(c)
+        """The config from config.json, typed and range-checked by ModelConfig.from_json (messages name
+        config.json's keys), with transformers' defaults where a key is absent."""
+        c, where = self._cfg, self.path / "config.json"
+        architectures = c.get("architectures") or [c.get("model_type")]
+        name = architectures[0] if isinstance(architectures, list) else architectures
+        if not isinstance(name, str) or name not in ARCHITECTURES:
+            raise JitllmError(f"unsupported architecture {shown(name)} (supported: {', '.join(ARCHITECTURES)})")
+        _, rope = _rope_parameters(c, where)
         for flag in ("attention_bias", "mlp_bias"):
             if c.get(flag):
                 raise JitllmError(f"{flag} is not supported")
+        values: dict[str, Any] = {"arch": ARCHITECTURES[name], "context": 2048, "rope_theta": 10000.0,
+                                  "rms_eps": 1e-6, "tied_head": False}
+        values |= {f: c[key] for f, key in _CONFIG_KEYS.items() if c.get(key) is not None}
+        if rope.get("rope_theta") is not None:
+            values["rope_theta"] = rope["rope_theta"]
+        if "heads" in values:
+            values.setdefault("kv_heads", values["heads"])
+        if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:
+            values["head_dim"] = values["hidden"] // max(values["heads"], 1)  # (heads < 1 is reported first)
         try:
-            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-            return ModelConfig(
-                arch=ARCHITECTURES[name], num_blocks=int(c["num_hidden_layers"]), hidden=hidden, heads=heads,
-                kv_heads=int(c.get("num_key_value_heads") or heads), head_dim=int(c.get("head_dim") or hidden // heads),
-                ffn=int(c["intermediate_size"]), vocab=int(c["vocab_size"]),
-                context=int(c.get("max_position_embeddings", 2048)),
-                rope_theta=float(rope.get("rope_theta") or c.get("rope_theta") or 10000.0),
-                rms_eps=float(c.get("rms_norm_eps", 1e-6)), tied_head=bool(c.get("tie_word_embeddings", False)),
-                rope_scaling=hf_rope_scaling(c, self.path / "config.json"))
-        except KeyError as e:
-            raise JitllmError(f"{self.path / 'config.json'}: missing {e.args[0]}") from None
+            cfg = ModelConfig.from_json(values, _CONFIG_KEYS)
+        except JitllmError as e:
+            raise JitllmError(f"{where}: {e}") from None
+        return replace(cfg, rope_scaling=hf_rope_scaling(c, where))
 
 
 def hf_rope_scaling(c: dict, where: Path) -> RopeScaling:
     """config.json's RoPE scaling as transformers reads it: `rope_scaling`, else transformers 5's
     `rope_parameters` (rope_type default, linear, llama3 or yarn, with transformers' defaults)."""
-    key, rope = _rope_parameters(c)
+    key, rope = _rope_parameters(c, where)
     partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor"))
     if partial is not None and partial != 1:
-        raise JitllmError(f"partial rotary embedding (partial_rotary_factor {partial}) is not supported")
+        raise JitllmError(f"partial rotary embedding (partial_rotary_factor {shown(partial)}) is not supported")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return RopeScaling()
     if kind not in HF_ROPE_TYPES:
-        raise JitllmError(f"rope scaling {kind!r} is not supported (supported: {', '.join(HF_ROPE_TYPES)})")
+        raise JitllmError(f"rope scaling {shown(kind)} is not supported (supported: {', '.join(HF_ROPE_TYPES)})")
 
     def need(name: str) -> float:
-        if not isinstance(rope.get(name), (int, float)):
+        if rope.get(name) is None:
             raise JitllmError(f"{where}: {key} lacks {name!r} (rope type {kind!r})")
-        return float(rope[name])
+        return _number(rope[name], name, where)
+
+    def optional(name: str) -> float | None:
+        return None if rope.get(name) is None else _number(rope[name], name, where)
 
     factor = need("factor")
     if kind == "linear":
         return RopeScaling("linear", factor)
-    original = int(c.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
-                   or c.get("max_position_embeddings", 2048))
+    original = (c.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                or c.get("max_position_embeddings", 2048))
+    if type(original) is not int:
+        raise JitllmError(f"{where}: original_max_position_embeddings must be an integer (got {shown(original)})")
     if kind == "llama3":
         return RopeScaling("llama3", factor, original, need("low_freq_factor"), need("high_freq_factor"))
-    attention = rope.get("attention_factor")
+    attention = optional("attention_factor")
     if attention is None:
-        attention = yarn_attention_factor(factor, rope.get("mscale"), rope.get("mscale_all_dim"))
-    return RopeScaling("yarn", factor, original, beta_fast=float(rope.get("beta_fast") or 32),
-                       beta_slow=float(rope.get("beta_slow") or 1), truncate=bool(rope.get("truncate", True)),
-                       attention_factor=float(attention))
+        attention = yarn_attention_factor(factor, optional("mscale"), optional("mscale_all_dim"))
+    truncate = rope.get("truncate", True)
+    if type(truncate) is not bool:
+        raise JitllmError(f"{where}: truncate must be true or false (got {shown(truncate)})")
+    return RopeScaling("yarn", factor, original, beta_fast=optional("beta_fast") or 32.0,
+                       beta_slow=optional("beta_slow") or 1.0, truncate=truncate, attention_factor=attention)
 
 
-def _rope_parameters(c: dict) -> tuple[str, dict]:
+def _number(value: object, name: str, where: Path) -> float:
+    if type(value) not in (int, float):
+        raise JitllmError(f"{where}: {name} must be a number (got {shown(value)})")
+    return float(value)
+
+
+def _rope_parameters(c: dict, where: Path) -> tuple[str, dict]:
     """The key config.json declares RoPE under and its dict: older configs' `rope_scaling` wins over
     `rope_parameters`, as in transformers."""
     key = "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
-    return key, c.get(key) or {}
+    rope = c.get(key) or {}
+    if not isinstance(rope, dict):
+        raise JitllmError(f"{where}: {key} must be an object (got {shown(rope)})")
+    return key, rope
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON file holding one object (config.json and its companions)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise JitllmError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise JitllmError(f"{path}: must hold a JSON object (got {type(data).__name__})")
+    return data
 
 
 def _index_safetensors(path: Path) -> dict[str, tuple[mmap.mmap, str, tuple[int, ...], int]]:
     """name -> (map, dtype, shape, byte offset) for every tensor of one file.
 
-    Format: u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, data."""
-    corrupt = JitllmError(f"{path.name}: truncated or corrupt safetensors file")
+    Format: u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, data. The
+    safetensors library checks the header first: each tensor's data_offsets span exactly shape x dtype,
+    the tensors tile the data without gaps or overlaps, and the data ends with the file."""
     try:
-        with open(path, "rb") as f:
-            size = path.stat().st_size
-            head = f.read(8)
-            if len(head) < 8 or 8 + struct.unpack("<Q", head)[0] > size:
-                raise corrupt
-            hlen = struct.unpack("<Q", head)[0]
-            header = json.loads(f.read(hlen))
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        out = {}
-        for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = t["data_offsets"]
-            if 8 + hlen + end > size:
-                raise corrupt
-            out[name] = (buf, t["dtype"], tuple(int(d) for d in t["shape"]), 8 + hlen + start)
-        return out
+        safe_open(path, framework="numpy")
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        raise JitllmError(f"{path.name}: truncated or corrupt safetensors file ({reason})") from None
     except OSError as e:
         raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise corrupt from None
+    try:
+        with open(path, "rb") as f:
+            hlen = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(hlen))
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
+    return {name: (buf, t["dtype"], tuple(t["shape"]), 8 + hlen + t["data_offsets"][0])
+            for name, t in header.items() if name != "__metadata__"}
 
 
-def _tokenizer_meta(path: Path, cfg: dict) -> dict:
+def _tokenizer_meta(path: Path, cfg: dict, vocab: int) -> dict:
+    """The header's token fields, checked against the model's `vocab` (its embedding rows)."""
     if not (path / "tokenizer.json").is_file():
         raise JitllmError(f"{path}: no tokenizer.json")
     try:
@@ -200,35 +228,56 @@ def _tokenizer_meta(path: Path, cfg: dict) -> dict:
         raise JitllmError(f"{path / 'tokenizer.json'}: cannot be loaded: {e}") from None
     tc = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
     gen = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+    sources = {"tokenizer_config.json": tc, "generation_config.json": gen, "config.json": cfg}
 
     def token_id(value: Any) -> int | None:
         content = value.get("content") if isinstance(value, dict) else value
         return tok.token_to_id(content) if isinstance(content, str) else None
 
+    def ids(key: str, *files: str) -> list[int]:
+        return [i for file in files for i in _ids(sources[file].get(key), path / file, key)]
+
     bos = token_id(tc.get("bos_token"))
     if bos is None:
-        bos = next(iter(_ids(gen.get("bos_token_id")) + _ids(cfg.get("bos_token_id"))), None)
-    eos_ids = [i for i in [token_id(tc.get("eos_token")), *_ids(gen.get("eos_token_id")), *_ids(cfg.get("eos_token_id"))]
+        bos = next(iter(ids("bos_token_id", "generation_config.json", "config.json")), None)
+    eos_ids = [i for i in [token_id(tc.get("eos_token")), *ids("eos_token_id", "generation_config.json", "config.json")]
                if i is not None]
     if not eos_ids:
         raise JitllmError(f"{path}: no EOS token in tokenizer_config.json, generation_config.json or config.json")
     add_bos = tc["add_bos_token"] if "add_bos_token" in tc else _post_processor_adds(tok, bos)
-    return {"tokenizer": tok.to_str(), "chat_template": _chat_template(path, tc), "bos_token_id": bos,
-            "eos_token_id": eos_ids[0], "stop_token_ids": stop_token_ids(tok, eos_ids), "add_bos": bool(add_bos)}
+    if type(add_bos) is not bool:
+        raise JitllmError(f"{path / 'tokenizer_config.json'}: add_bos_token must be true or false (got {shown(add_bos)})")
+    meta = {"tokenizer": tok.to_str(), "chat_template": _chat_template(path, tc), "bos_token_id": bos,
+            "eos_token_id": eos_ids[0], "stop_token_ids": stop_token_ids(tok, eos_ids), "add_bos": add_bos}
+    try:
+        check_token_settings(tok, meta, vocab)
+    except JitllmError as e:
+        raise JitllmError(f"{path}: {e}") from None
+    return meta
 
 
-def _ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+def _ids(value: Any, where: Path, key: str) -> list[int]:
+    """A token id or a list of them (generation_config.json's eos_token_id may be either)."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(type(i) is int for i in ids):
+        raise JitllmError(f"{where}: {key} must be a token id or a list of them (got {shown(value)})")
+    return ids
 
 
 def _chat_template(path: Path, tc: dict) -> str | None:
     template = tc.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        template = {t.get("name"): t.get("template") for t in template}.get("default")
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
     if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        except OSError as e:
+            raise JitllmError(f"cannot read {path / 'chat_template.jinja'}: {e.strerror or e}") from None
+        except ValueError:
+            raise JitllmError(f"{path / 'chat_template.jinja'}: not UTF-8 text") from None
+    if not isinstance(template, (str, type(None))):
+        raise JitllmError(f"{path / 'tokenizer_config.json'}: chat_template must be a string or a list of "
+                          f"named templates (got {shown(template)})")
     return template
 
 

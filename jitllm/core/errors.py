@@ -11,3 +11,9 @@ class DeviceFault(JitllmError):
     def __init__(self, device: str, reason: str) -> None:
         super().__init__(f"{device}: {reason}")
         self.device = device
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """`value` as a one-line message quotes it: its repr, cut short (a crafted file may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -26,6 +26,7 @@ import numpy as np
 
 from jitllm.core.atomic import atomic_write
 from jitllm.core.errors import JitllmError
+from jitllm.core.jlm_validate import check_container
 
 MAGIC = b"JITLLM\x00\x01"
 VERSION = 1
@@ -109,7 +110,9 @@ def _write_region(f: BinaryIO, offset: int, items: list[tuple[int, np.ndarray]])
 
 
 class JlmFile:
-    """A read-only, memory-mapped .jlm. Arrays returned by `tensor` are views into the map (no copy)."""
+    """A read-only, memory-mapped .jlm. Arrays returned by `tensor` are views into the map (no copy). Opening
+    checks the header's regions and tensor entries (jitllm.core.jlm_validate), so every view lies inside its
+    region of the file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -135,14 +138,15 @@ class JlmFile:
                 raise JitllmError(f"{self.path}: truncated .jlm file (header cut off)")
             try:
                 self.header = json.loads(f.read(hlen))
-                self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"]) for r in self.header["regions"]}
-                self.tensors = {n: TensorEntry(n, t["region"], t["offset"], tuple(t["shape"]), t["dtype"])
-                                for n, t in self.header["tensors"].items()}
-            except (ValueError, KeyError, TypeError):
-                raise JitllmError(f"{self.path}: corrupt .jlm header") from None
-            end = max((r.offset + r.size for r in self.regions.values()), default=0)
-            if end > size:
-                raise JitllmError(f"{self.path}: truncated .jlm file ({size} of {end} bytes)")
+            except (ValueError, RecursionError):
+                raise JitllmError(f"{self.path}: corrupt .jlm header (not JSON)") from None
+            try:
+                check_container(self.header, _PREAMBLE.size + hlen, size, ALIGN, TENSOR_ALIGN)
+            except JitllmError as e:
+                raise JitllmError(f"{self.path}: {e}") from None
+            self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"]) for r in self.header["regions"]}
+            self.tensors = {n: TensorEntry(n, t["region"], t["offset"], tuple(t["shape"]), t["dtype"])
+                            for n, t in self.header["tensors"].items()}
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
     def tensor(self, name: str) -> np.ndarray:

@@ -1,11 +1,20 @@
-"""Model and block configuration: plain data, shared by the converter, the IR builder and the runtime."""
+"""Model and block configuration: plain data, shared by the converter, the IR builder and the runtime.
+
+`ModelConfig.from_json` is the one gate for configs from outside (a .jlm header, a Hugging Face config.json,
+a GGUF's metadata): every field typed (a string or a float is no integer, an integer no bool), unknown and
+missing fields named, and the values in range; construction checks the ranges again for configs built in code.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
 
-from jitllm.core.errors import JitllmError
+from jitllm.core.errors import JitllmError, shown
 
 ROPE_TYPES = ("none", "linear", "llama3", "yarn")
 
@@ -61,14 +70,9 @@ class RopeScaling:
                 if (v := getattr(self, f.name)) != getattr(default, f.name)}
 
     @classmethod
-    def from_json(cls, data: dict) -> RopeScaling:
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise JitllmError(f"unknown rope_scaling fields {', '.join(sorted(unknown))}")
-        data = dict(data)
-        if "freq_factors" in data:
-            data["freq_factors"] = tuple(data["freq_factors"])
-        return cls(**data)
+    def from_json(cls, data: object, label: str = "rope_scaling") -> RopeScaling:
+        """A scaling from JSON-like data, typed field by field (`label` names the object in messages)."""
+        return cls(**typed_fields(cls, data, lambda name: f"{label}.{name}", "rope_scaling"))
 
 
 @dataclass(frozen=True)
@@ -103,17 +107,94 @@ class ModelConfig:
             data["rope_scaling"] = self.rope_scaling.to_json()
         return data
 
+    def __post_init__(self) -> None:
+        check_config_values(self.__dict__, lambda name: name)
+
     @classmethod
-    def from_json(cls, data: dict) -> "ModelConfig":
-        data = dict(data)
-        if "block_types" in data:
-            data["block_types"] = tuple(data["block_types"])
-        if "rope_scaling" in data:
-            data["rope_scaling"] = RopeScaling.from_json(data["rope_scaling"])
-        return cls(**data)
+    def from_json(cls, data: object, names: Mapping[str, str] | None = None) -> "ModelConfig":
+        """A config from JSON-like data (a .jlm header's "config", or the values a converter read), typed and
+        range-checked. `names` maps fields to the source's own names for messages (config.json's
+        "num_attention_heads" for heads); the others read "config.<field>"."""
+        names = names or {}
+
+        def label(name: str) -> str:
+            return names.get(name, f"config.{name}")
+
+        values = typed_fields(cls, data, label, "config")
+        check_config_values(values, label)
+        return cls(**values)
 
     def block_type(self, index: int) -> str:
         return self.block_types[index] if self.block_types else "llama"
+
+
+POSITIVE_FIELDS = ("num_blocks", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
+
+
+def check_config_values(values: Mapping[str, Any], label: Callable[[str], str]) -> None:
+    """Raise a one-line error where a (typed) model config's values describe no model that can run."""
+    for name in POSITIVE_FIELDS:
+        if values[name] < 1:
+            raise JitllmError(f"{label(name)} must be a positive integer (got {values[name]})")
+    if values["heads"] % values["kv_heads"]:
+        raise JitllmError(f"{label('heads')} ({values['heads']}) is not a multiple of {label('kv_heads')} "
+                          f"({values['kv_heads']})")
+    if values["head_dim"] % 2:
+        raise JitllmError(f"{label('head_dim')} must be even: rotary embedding turns pairs (got {values['head_dim']})")
+    if not (math.isfinite(values["rope_theta"]) and values["rope_theta"] > 0):
+        raise JitllmError(f"{label('rope_theta')} must be a positive number (got {values['rope_theta']})")
+    if not (math.isfinite(values["rms_eps"]) and values["rms_eps"] >= 0):
+        raise JitllmError(f"{label('rms_eps')} must be a non-negative number (got {values['rms_eps']})")
+    pairs, factors = values["head_dim"] // 2, values["rope_scaling"].freq_factors
+    if factors and len(factors) != pairs:
+        raise JitllmError(f"{label('rope_scaling')} has {len(factors)} frequency factors for {pairs} "
+                          f"rotated pairs (head_dim {values['head_dim']})")
+
+
+def typed_fields(cls: type, data: object, label: Callable[[str], str], what: str) -> dict[str, Any]:
+    """The fields of dataclass `cls` from `data` (an object of JSON values), each of its declared type: int
+    (not bool), float (an int widens), bool, str, tuple[T, ...] (from a list) or RopeScaling (from an
+    object), defaults filled in. Unknown and missing fields are one-line errors, as are values of another type."""
+    if not isinstance(data, Mapping):
+        raise JitllmError(f"{what} must be an object (got {shown(data)})")
+    declared = {f.name: f for f in fields(cls)}
+    unknown = sorted(str(k) for k in data if k not in declared)
+    if unknown:
+        raise JitllmError(f"unknown {what} fields {', '.join(unknown)}")
+    hints = _type_hints(cls)
+    values: dict[str, Any] = {}
+    for name, f in declared.items():
+        if name in data:
+            values[name] = _typed(data[name], hints[name], label(name))
+        elif f.default is MISSING:
+            raise JitllmError(f"{label(name)} is missing")
+        else:
+            values[name] = f.default
+    return values
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _typed(value: Any, hint: Any, label: str) -> Any:
+    if hint is RopeScaling:
+        return RopeScaling.from_json(value, label)
+    if typing.get_origin(hint) is tuple:
+        (item, _) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise JitllmError(f"{label} must be a list (got {shown(value)})")
+        return tuple(_typed(v, item, f"{label}[{i}]") for i, v in enumerate(value))
+    if hint is float and type(value) in (int, float):
+        try:
+            return float(value)
+        except OverflowError:  # (an integer beyond any float)
+            raise JitllmError(f"{label} must be a finite number (got {shown(value)})") from None
+    if type(value) is not hint:
+        kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[hint]
+        raise JitllmError(f"{label} must be {kind} (got {shown(value)})")
+    return value
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,12 @@ class Opened:
     grow_queue: list[tuple[int | str, str]]
 
 
-def open_model(path: str | Path, options: LoadOptions) -> Opened:
-    """Open a .jlm, plan where each block runs, make the devices, upload weights and load (or compile) the
-    artifacts."""
+def open_model(model: str | Path | JlmFile, options: LoadOptions) -> Opened:
+    """Open a .jlm (or take one opened), plan where each block runs, make the devices, upload weights and
+    load (or compile) the artifacts."""
     from jitllm.runtime.device_spec import parse_devices
 
-    file = JlmFile(path)
+    file = model if isinstance(model, JlmFile) else JlmFile(model)
     layout = ModelLayout.from_file(file)
     choices = []
     if options.devices.strip().lower() != "cpu":

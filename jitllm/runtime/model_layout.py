@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.core.layouts import weight_parts
 from jitllm.ir.blocks import block_kind, block_type, weight_inputs
-from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
+from jitllm.runtime.model_check import check_linears, check_tensors, weight_types
 
 HEAD = "head"
 
@@ -23,20 +25,30 @@ class ModelLayout:
 
     @classmethod
     def from_file(cls, model: JlmFile, page_size: int = 16) -> "ModelLayout":
-        header = model.header
+        """The layout of an opened file, after checking its config, weight types and tensors against each
+        other (jitllm.runtime.model_check): a file that passes has every tensor the model reads."""
         try:
-            cfg = ModelConfig.from_json(header["config"])
-            weights = header["weights"]
-            kinds = tuple(block_kind(cfg, i, w, page_size) for i, w in enumerate(weights["blocks"]))
-            head = head_kind(cfg, weights["output"])
-            embedding = weights["token_embd"]
-        except (KeyError, TypeError) as e:
-            raise JitllmError(f"{model.path}: corrupt .jlm header (missing {e})") from None
+            cfg = ModelConfig.from_json(model.header.get("config"))
+            embedding, output, blocks = weight_types(model.header.get("weights"), cfg)
+            kinds = tuple(block_kind(cfg, i, w, page_size) for i, w in enumerate(blocks))
+            layout = cls(cfg, kinds, head_kind(cfg, output), embedding)
+            check_linears([*((f"blk.{i}.{s.name}", s) for i, k in enumerate(kinds) for s in k.linears),
+                           ("output", layout.head.linears[0]),
+                           ("token_embd", LinearSpec("token_embd", cfg.vocab, cfg.hidden, embedding))])
+            check_tensors(model.tensors, layout.file_tensors())
         except JitllmError as e:
             raise JitllmError(f"{model.path}: {e}") from None
-        if len(kinds) != cfg.num_blocks:
-            raise JitllmError(f"{model.path}: header lists {len(kinds)} blocks, config says {cfg.num_blocks}")
-        return cls(cfg, kinds, head, embedding)
+        return layout
+
+    def file_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, dtype) of every tensor the model reads from its file: the embedding's parts and
+        each unit's weight inputs."""
+        out = {f"token_embd.{part}": (shape, dtype)
+               for part, shape, dtype in weight_parts(self.embedding_type, self.config.vocab, self.config.hidden)}
+        for unit, kind in [*enumerate(self.block_kinds), (HEAD, self.head)]:
+            for (name,), (_, shape, dtype) in zip(self.weight_sources(unit), weight_inputs(kind), strict=True):
+                out[name] = (shape, dtype)
+        return out
 
     def tensor_names(self, unit: int | str) -> list[str]:
         """File tensor names feeding the weight inputs of a block (by index) or of the head."""

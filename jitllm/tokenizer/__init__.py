@@ -8,9 +8,9 @@ stop_tokens picks the ids that end a turn.
 
 from .gguf_metadata import read_gguf_metadata
 from .gguf_vocab import CONTROL, gguf_tokenizer, header_from_gguf
-from .model_file import load_tokenizer
+from .model_file import check_token_settings, load_tokenizer, model_tokenizer
 from .runtime import StreamDecoder, Tokenizer
 from .stop_tokens import stop_token_ids
 
-__all__ = ["CONTROL", "StreamDecoder", "Tokenizer", "gguf_tokenizer", "header_from_gguf", "load_tokenizer",
-           "read_gguf_metadata", "stop_token_ids"]
+__all__ = ["CONTROL", "StreamDecoder", "Tokenizer", "check_token_settings", "gguf_tokenizer", "header_from_gguf",
+           "load_tokenizer", "model_tokenizer", "read_gguf_metadata", "stop_token_ids"]

@@ -14,7 +14,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
-from jitllm.core.errors import JitllmError
+from jitllm.core.errors import JitllmError, shown
 
 from .bpe_splits import split_rule
 from .stop_tokens import stop_token_ids
@@ -48,14 +48,14 @@ def gguf_tokenizer(metadata: Mapping[str, Any]) -> tokenizers.Tokenizer:
 
 def token_settings(metadata: Mapping[str, Any], tok: tokenizers.Tokenizer) -> dict[str, Any]:
     """The .jlm header's token fields besides the tokenizer itself: chat template, BOS/EOS, stop ids, add_bos."""
-    eos = int(_required(metadata, "tokenizer.ggml.eos_token_id"))
-    bos = metadata.get("tokenizer.ggml.bos_token_id")
-    ends = [int(metadata[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
+    eos = _token_id(metadata, "tokenizer.ggml.eos_token_id")
+    bos = _token_id(metadata, "tokenizer.ggml.bos_token_id") if "tokenizer.ggml.bos_token_id" in metadata else None
+    ends = [_token_id(metadata, k) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in metadata]
     # Without the key, llama.cpp's default: SentencePiece and Llama-3-style vocabularies start with BOS.
     model, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
     adds_bos = model == "llama" or split_rule(pre).adds_bos
     return {"chat_template": metadata.get("tokenizer.chat_template"),
-            "bos_token_id": None if bos is None else int(bos), "eos_token_id": eos,
+            "bos_token_id": bos, "eos_token_id": eos,
             "stop_token_ids": stop_token_ids(tok, [eos, *ends]),
             "add_bos": bool(metadata.get("tokenizer.ggml.add_bos_token", adds_bos))}
 
@@ -64,6 +64,13 @@ def header_from_gguf(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The tokenizer part of a .jlm header for a GGUF (see docs/model-format.md)."""
     tok = gguf_tokenizer(metadata)
     return {"tokenizer": tok.to_str(), **token_settings(metadata, tok)}
+
+
+def _token_id(metadata: Mapping[str, Any], key: str) -> int:
+    value = _required(metadata, key)
+    if type(value) is not int:
+        raise JitllmError(f"{key} must be a token id (got {shown(value)})")
+    return value
 
 
 def _required(metadata: Mapping[str, Any], key: str) -> Any:

@@ -82,7 +82,7 @@ def test_headers_without_scaling_load_as_plain_rope_and_scalings_round_trip():
     plain = ModelConfig.from_json(PLAIN_HEADER)
     assert plain.rope_scaling == RopeScaling() and plain.to_json() == PLAIN_HEADER
     for scaling in (RopeScaling("llama3", 32.0, 8192, 1.0, 4.0),
-                    RopeScaling("llama3", attention_factor=0.5, freq_factors=(1.0, 1.5, 8.0)),
+                    RopeScaling("llama3", attention_factor=0.5, freq_factors=(1.0, 1.5, 8.0, 4.0) * 8),  # one per pair
                     RopeScaling("yarn", 4.0, 4096, beta_fast=16.0, truncate=False, attention_factor=1.1)):
         cfg = dataclasses.replace(plain, rope_scaling=scaling)
         assert ModelConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg

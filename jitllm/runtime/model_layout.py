@@ -30,8 +30,10 @@ class ModelLayout:
             kinds = tuple(block_kind(cfg, i, w, page_size) for i, w in enumerate(weights["blocks"]))
             head = head_kind(cfg, weights["output"])
             embedding = weights["token_embd"]
-        except (KeyError, TypeError) as e:
+        except KeyError as e:
             raise JitllmError(f"{model.path}: corrupt .jlm header (missing {e})") from None
+        except TypeError as e:  # (not a missing entry: a value of the wrong kind)
+            raise JitllmError(f"{model.path}: corrupt .jlm header ({e})") from None
         except JitllmError as e:
             raise JitllmError(f"{model.path}: {e}") from None
         if len(kinds) != cfg.num_blocks:

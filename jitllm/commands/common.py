@@ -1,5 +1,6 @@
-"""Options shared by the verbs: the `-name`/`--name` style, and those of the verbs that load and place
-a model (run, speed, verify). The verbs import from here, never from jitllm.cli (which imports them)."""
+"""Options shared by the verbs: the `-name`/`--name` style, the sampling flags, those of the verbs that load
+and place a model (run, speed, verify), and the checks of what users type (finite numbers, UTF-8 text, a
+model path that is a regular file). The verbs import from here, never from jitllm.cli (which imports them)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ class TextCommand(click.Command):
 
 
 def utf8_problem(text: str) -> str | None:
-    """Where `text` is not valid UTF-8 (None where it is): the first byte that did not decode (kept by
-    Python as a lone surrogate, U+DC80..U+DCFF) or lone surrogate."""
+    """Where `text` is not valid UTF-8 (None where it is): the first byte that did not decode (Python keeps
+    it as a surrogate U+DC80..U+DCFF), or any other lone surrogate."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -67,20 +68,20 @@ def checked_text(text: str, what: str) -> str:
     return text
 
 
-def regular_file(path: str, what: str = "model file") -> str:
+def regular_file(path: str) -> str:
     """`path` where it names a regular file (links followed): opening a FIFO would wait for a writer for ever,
     and a device would be read as if it were the file."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise click.UsageError(f"{what} not found: {path}") from None
+        raise click.UsageError(f"model file not found: {path}") from None
     except OSError as e:
         raise click.UsageError(f"cannot read {path}: {e.strerror or e}") from None
     if not stat.S_ISREG(mode):
         kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
         kind = next((name for test, name in kinds if test(mode)), "not a regular file")
-        raise click.UsageError(f"{path} is {kind}, not a {what}")
+        raise click.UsageError(f"{path} is {kind}, not a model file")
     return path
 
 

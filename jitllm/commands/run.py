@@ -23,7 +23,9 @@ from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, context
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
 @placement_options
 def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
-    """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
+    """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct. A PROMPT that begins with -
+    goes after --: jitllm run -n 8 -- MODEL "-1 is negative". Generation stops at -n tokens, a stop token or
+    the end of the context (a note on stderr then)."""
     from jitllm.runtime.placement import parse_placement
     from jitllm.runtime.sampling import SamplingParams
 

@@ -126,7 +126,8 @@ def test_a_model_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(
     done = threading.Event()
     threading.Thread(target=unblock, daemon=True).start()
     try:
-        for args in [("run", *CPU, str(fifo), "hi"), ("tokenize", str(fifo), "hi"), ("speed", *CPU, str(fifo))]:
+        for args in [("run", *CPU, str(fifo), "hi"), ("tokenize", str(fifo), "hi"), ("speed", *CPU, str(fifo)),
+                     ("compile", str(fifo)), ("verify", *CPU, str(fifo))]:
             assert_one_line_error(cli(*args), f"{fifo} is a FIFO, not a model file")
     finally:
         done.set()

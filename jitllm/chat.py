@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from jitllm.core.errors import JitllmError
 from jitllm.model import Model
 from jitllm.runtime.sampling import SamplingParams
+
+
+class ConversationFull(JitllmError):
+    """The conversation with the new message does not fit the context (the message is not kept)."""
 
 
 class Conversation:
@@ -20,10 +25,19 @@ class Conversation:
 
     def say(self, text: str, max_tokens: int, sampling: SamplingParams) -> Iterator[str]:
         """The answer to `text`, as pieces of text as they are sampled. Stopping early (closing the iterator,
-        or an interrupt) keeps what was answered so far as the assistant's turn."""
+        or an interrupt) keeps what was answered so far as the assistant's turn; an answer the context cuts
+        short ends there (Model.context_filled). A message the context has no room for raises ConversationFull."""
         self.messages.append({"role": "user", "content": text})
-        ids = self.model.tokenizer.encode_chat(self.messages)
+        try:
+            ids = self.model.tokenizer.encode_chat(self.messages)
+        except JitllmError:
+            self.messages.pop()
+            raise
         ex = self.model.executor
+        if len(ids) > ex.ctx:
+            self.messages.pop()
+            raise ConversationFull(f"that message does not fit: the conversation would take {len(ids)} tokens of the "
+                                   f"context's {ex.ctx}")
         if any(state.positions != self.session.length for state in self.session.states.values()):
             ex.reset_session(self.session)  # (a turn stopped inside a recurrent block's step)
         held = self.session.tokens

@@ -50,6 +50,8 @@ class Model:
     """-gpu-grow: (unit, device) moves still to make, one per generated token."""
     tuner: SeamTuner | None = None
     """-tune-seam: trials of seams while generating."""
+    context_filled: bool = False
+    """Whether the last generation stopped because the context had no room for another token."""
 
     def _scheduled_moves(self, produced: int) -> list[MoveReport]:
         reports: list[MoveReport] = []
@@ -104,13 +106,15 @@ class Model:
                         session: Session | None = None) -> Iterator[int]:
         """Token ids as they are sampled, with scheduled moves between steps and, after a device
         failure, the rest finished on the host (unless no_gpu_fallback). Generation ends where the context
-        does (`max_tokens` is clamped to it, as llama.cpp does); only a prompt that does not fit is an error."""
+        does (`max_tokens` is clamped to it, as llama.cpp does; `context_filled` then says so); only a prompt
+        that does not fit is an error."""
         if not ids:
             raise JitllmError("the prompt is empty")
         held = len(ids) + (session.length if session else 0)
         if held > self.executor.ctx:
             raise JitllmError(f"prompt of {len(ids)} tokens is longer than the context of {self.executor.ctx}")
-        max_tokens = min(max_tokens, self.executor.ctx - held + 1)  # (the last token is picked, never fed)
+        room = self.executor.ctx - held + 1  # (the last token is picked, never fed)
+        self.context_filled = False
         own = session is None
         session = session or self.new_session()
         self.last_stats = stats = GenerationStats()
@@ -121,12 +125,13 @@ class Model:
         try:
             while True:
                 try:
-                    for token in generate_ids(self.executor, session, feed + generated, max_tokens - len(generated),
-                                              sampler, stops, stats):
+                    for token in generate_ids(self.executor, session, feed + generated,
+                                              min(max_tokens, room) - len(generated), sampler, stops, stats):
                         generated.append(token)
                         yield token
                         for report in self._scheduled_moves(len(generated)):
                             self._log(report.describe())
+                    self.context_filled = len(generated) == room < max_tokens
                     return
                 except DeviceFault as fault:
                     if self.no_gpu_fallback:

@@ -1,14 +1,31 @@
-"""Shared fixtures: one compile cache for the whole session so each block kind compiles once."""
+"""Shared fixtures: one compile cache for the whole session so each block kind compiles once; and
+setup_failed, the one way a test gives up on a setup step (a skip, but a failure where CI=true)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Callable, NoReturn
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def setup_failed(reason: str) -> NoReturn:
+    """A setup step failed (a download, a test dependency that should be installed): a skip on a developer's
+    machine, a failure where CI=true, so that a CI run cannot pass by skipping what it could not set up.
+    (Hardware a machine lacks, such as a CUDA device, AVX2 or nvcc, is a skipif, not a failed setup.)"""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"setup failed (CI=true, so this is not a skip): {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session", name="setup_failed")
+def setup_failed_fixture() -> Callable[[str], NoReturn]:
+    """setup_failed for the fixtures and tests of other files (conftest modules are not imported by name)."""
+    return setup_failed
 
 
 @pytest.fixture(scope="session")

@@ -134,21 +134,24 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 
 @pytest.fixture(scope="module")
-def real_tokenizer() -> Tokenizer:
+def real_tokenizer(setup_failed) -> Tokenizer:
     from jitllm.core.jlm import JlmFile
     from jitllm.default_model import default_model_path
 
     try:
         return Tokenizer.from_header(JlmFile(default_model_path()).header)
     except JitllmError as e:
-        pytest.skip(f"default model unavailable: {e}")
+        setup_failed(f"default model unavailable: {e}")
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer():
+def hf_tokenizer(setup_failed):
     from jitllm.default_model import default_gguf_path
 
-    transformers = pytest.importorskip("transformers")
+    try:
+        import transformers
+    except ImportError as e:
+        setup_failed(f"transformers (a test dependency) is not installed: {e}")
     path = default_gguf_path()
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 

@@ -6,30 +6,31 @@ import sys
 
 import click
 
-from jitllm.commands.common import load_model, opt, placement_options
+from jitllm.commands.common import (Utf8Text, context_full_note, load_model, opt, placement_options,
+                                    sampling_options, utf8_problem)
 
 EXIT = "/exit"
 
 
 @click.command()
 @click.argument("model_path", metavar="[MODEL]", required=False)
-@opt("system", default=None, help="system message")
-@opt("n", "max_tokens", type=click.IntRange(min=1), default=512, show_default=True, help="tokens per answer at most")
-@opt("temp", "temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="0 = greedy")
-@opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary")
-@opt("top-p", "top_p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
-@opt("seed", type=int, default=None, help="sampling seed (reproducible runs)")
+@opt("system", type=Utf8Text(), default=None, help="system message")
+@opt("n", "max_tokens", type=click.IntRange(min=1), default=512, show_default=True,
+     help="tokens per answer at most (and what the context has room for)")
+@sampling_options
 @placement_options
 def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flags) -> None:
     """Chat with MODEL (default: the built-in SmolLM2-135M-Instruct) through its chat template; each answer
-    streams, Ctrl-C stops it (not the program), /exit or end of input leaves."""
-    from jitllm.chat import Conversation
+    streams, Ctrl-C stops it (not the program), /exit or end of input leaves. A line that is not UTF-8 text,
+    or that the context has no room for, is refused with a note and the chat goes on."""
+    from jitllm.chat import Conversation, ConversationFull
     from jitllm.runtime.sampling import SamplingParams
 
     model = load_model(model_path, flags)
     conversation = Conversation(model, system)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     interactive = sys.stdin.isatty()
+    sys.stdin.reconfigure(errors="surrogateescape")  # (bytes that are not UTF-8 reach utf8_problem, not input())
     while True:
         try:
             line = input("> " if interactive else "")
@@ -39,6 +40,10 @@ def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flag
             break
         if not line.strip():
             continue
+        problem = utf8_problem(line)
+        if problem:
+            click.echo(f"jitllm: that line is not valid UTF-8 text ({problem}); it was left out", err=True)
+            continue
         answer = conversation.say(line, max_tokens, sampling)
         try:
             for piece in answer:
@@ -47,8 +52,13 @@ def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flag
         except KeyboardInterrupt:
             answer.close()
             click.echo("\njitllm: answer stopped", err=True)
+        except ConversationFull as e:
+            click.echo(f"jitllm: {e} (/exit, then a new chat or a longer -ctx)", err=True)
+            continue
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if model.context_filled:
+            click.echo(f"jitllm: {context_full_note(model)}", err=True)
         s = model.last_stats
         click.echo(f"jitllm: prefill {s.prompt_tokens} tokens ({conversation.reused} reused) at {s.prefill_tps:.1f} "
                    f"tok/s, decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)

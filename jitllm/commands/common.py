@@ -1,9 +1,12 @@
-"""Options shared by the verbs: the `-name`/`--name` style, and those of the verbs that load and place
-a model (run, speed, verify). The verbs import from here, never from jitllm.cli (which imports them)."""
+"""Options shared by the verbs: the `-name`/`--name` style, the sampling flags, those of the verbs that load
+and place a model (run, speed, verify), and the checks of what users type (finite numbers, UTF-8 text, a
+model path that is a regular file). The verbs import from here, never from jitllm.cli (which imports them)."""
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 from typing import Callable
 
 import click
@@ -16,6 +19,85 @@ WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q
 def opt(name: str, *args, **kwargs):
     """An option that answers to both the seed style `-name` and `--name`."""
     return click.option(f"-{name}", f"--{name}", *args, **kwargs)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (nan compares false with any bound, so a range lets it by)."""
+
+    def convert(self, value, param, ctx):  # type: ignore[override]
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class Utf8Text(click.ParamType):
+    """Text that is valid UTF-8 (the shell passes bytes; Python keeps undecodable ones as lone surrogates)."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):  # type: ignore[override]
+        problem = utf8_problem(value)
+        if problem:
+            self.fail(f"not valid UTF-8 text ({problem})", param, ctx)
+        return value
+
+
+class TextCommand(click.Command):
+    """A verb whose arguments take free text (a prompt): an unknown option there may be text that begins
+    with '-' (the CLI then says how to pass it)."""
+
+
+def utf8_problem(text: str) -> str | None:
+    """Where `text` is not valid UTF-8 (None where it is): the first byte that did not decode (Python keeps
+    it as a surrogate U+DC80..U+DCFF), or any other lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        return f"{byte} at character {e.start}"
+    return None
+
+
+def checked_text(text: str, what: str) -> str:
+    """`text` where it is valid UTF-8; else a UsageError naming `what`."""
+    problem = utf8_problem(text)
+    if problem:
+        raise click.UsageError(f"{what} is not valid UTF-8 text ({problem})")
+    return text
+
+
+def regular_file(path: str) -> str:
+    """`path` where it names a regular file (links followed): opening a FIFO would wait for a writer for ever,
+    and a device would be read as if it were the file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise click.UsageError(f"model file not found: {path}") from None
+    except OSError as e:
+        raise click.UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+        kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+        raise click.UsageError(f"{path} is {kind}, not a model file")
+    return path
+
+
+def sampling_options(func):
+    """-temp, -top-k, -top-p, -seed (run and chat)."""
+    decorators = [
+        opt("temp", "temperature", type=FiniteFloat(min=0.0), default=0.8, show_default=True, help="0 = greedy"),
+        opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary"),
+        opt("top-p", "top_p", type=FiniteFloat(min=0.0, max=1.0), default=0.95, show_default=True),
+        opt("seed", type=click.IntRange(min=-1), default=-1, show_default=True,
+            callback=lambda ctx, param, value: None if value == -1 else value,
+            help="sampling seed: N gives reproducible runs, -1 a random seed each run (as llama.cpp)"),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
 
 
 def placement_options(func=None, *, devices: str = "auto"):
@@ -53,15 +135,18 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
     `overrides` what a verb sets itself."""
     from jitllm.checked_model import open_checked
 
+    f = {**flags, **overrides}
+    if f["vram"] is not None and f["devices"].strip().lower() == "cpu":
+        raise click.UsageError(f"-vram {f['vram']}: -devices cpu uses no device to budget (leave -vram out)")
     if model_path is None:
         from jitllm.default_model import default_model_path
 
         model_path = str(default_model_path())
+    regular_file(model_path)
     checked = open_checked(model_path)  # a bad file fails here, before the imports below bring TVM in
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import LoadOptions, load_with, with_placement
 
-    f = {**flags, **overrides}
     option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
     options = LoadOptions(
         devices=f["devices"], vram=f["vram"], placement=option, gpu_layers=f["gpu_layers"], ctx=f["ctx"],
@@ -70,6 +155,14 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"])
     return load_with(checked, options)
+
+
+def context_full_note(model) -> str:
+    """What to say when generation stopped because the context was full (Model.context_filled)."""
+    ex = model.executor
+    longer = (f"-ctx gives up to the model's {ex.layout.config.context}" if ex.ctx < ex.layout.config.context
+              else "the model's own")
+    return f"the context of {ex.ctx} tokens is full: generation stopped there ({longer})"
 
 
 def _compile_log(message: str) -> None:

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from jitllm.commands.common import WEIGHT_TYPES, opt
+from jitllm.commands.common import WEIGHT_TYPES, opt, regular_file
 
 TARGET_NAMES = ("llvm", "cuda", "onnxruntime")
 """jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
@@ -40,7 +40,7 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
 
         layout = preset_layout(preset, wtype)
     else:
-        layout = ModelLayout.from_file(JlmFile(model))
+        layout = ModelLayout.from_file(JlmFile(regular_file(model)))
     family = {"cpu-kernels": cpu_kernels, "gpu-kernels": gpu_kernels}.get(TARGETS[target_name].caps.kernels_flag, "fast")
     target = get_target(target_name, arch, family)
     kinds = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from jitllm.commands.common import load_model, opt, placement_options
+from jitllm.commands.common import load_model, opt, placement_options, regular_file
 
 API_KEY_ENV = "JITLLMD_API_KEY"
 
@@ -52,8 +52,8 @@ def serve(model_path, host, port, parallel, queue_size, alias, api_key, insecure
     from jitllm.server.engine import EngineSettings
     from jitllm.server.serve import ServeOptions, serve as run_server
 
-    if model_path is not None and not Path(model_path).is_file():
-        raise click.UsageError(f"model file not found: {model_path}")
+    if model_path is not None:
+        regular_file(model_path)
     if flags["placement"]:
         parse_placement(flags["placement"])  # (the grammar, before anything starts; the model checks the rest)
     if cache_sessions < parallel:

@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from jitllm.commands.common import load_model, opt, placement_options
+from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, context_full_note, load_model, opt,
+                                    placement_options, sampling_options)
 
 
-@click.command()
+@click.command(cls=TextCommand)
 @click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")
 @opt("f", "prompt_file", default=None, metavar="FILE", help="read the prompt from FILE (- for standard input)")
-@opt("n", "max_tokens", type=click.IntRange(min=0), default=256, show_default=True, help="tokens to generate")
-@opt("temp", "temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True, help="0 = greedy")
-@opt("top-k", "top_k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = whole vocabulary")
-@opt("top-p", "top_p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
-@opt("seed", type=int, default=None, help="sampling seed (reproducible runs)")
+@opt("n", "max_tokens", type=click.IntRange(min=0), default=256, show_default=True,
+     help="tokens to generate (at most what the context has room for)")
+@sampling_options
 @opt("chat", is_flag=True, help="apply the model's chat template (always on for the built-in instruct model)")
-@opt("system", default=None, help="system message (with -chat)")
+@opt("system", type=Utf8Text(), default=None, help="system message (with -chat)")
 @opt("move-at", "move_at", multiple=True, metavar="TOKEN:SEL=TARGET[,...]",
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
 @placement_options
 def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
-    """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct."""
+    """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct. A PROMPT that begins with -
+    goes after --: jitllm run -n 8 -- MODEL "-1 is negative". Generation stops at -n tokens, a stop token or
+    the end of the context (a note on stderr then)."""
     from jitllm.runtime.placement import parse_placement
     from jitllm.runtime.sampling import SamplingParams
 
     model_path, prompt = split_prompt(args, prompt_file)
     chat = chat or model_path is None
+    if system is not None and not chat:
+        raise click.UsageError("-system is a message of the chat template: give -chat too")
     schedule = parse_move_at(move_at)
     model = load_model(model_path, flags)
     for specs in schedule.values():
@@ -41,6 +45,8 @@ def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, sy
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if model.context_filled:
+        click.echo(f"jitllm: {context_full_note(model)}", err=True)
     s = model.last_stats
     click.echo(f"jitllm: prefill {s.prompt_tokens} tokens at {s.prefill_tps:.1f} tok/s, "
                f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
@@ -54,17 +60,17 @@ def split_prompt(args: tuple[str, ...], prompt_file: str | None) -> tuple[str | 
         hint = " (quote the prompt)" if len(args) > wanted + 1 and wanted else ""
         raise click.UsageError(f"expected {shape}, got {len(args)} arguments{hint}")
     if prompt_file is None:
-        return (None, args[0]) if len(args) == 1 else (args[0], args[1])
+        model_path, prompt = (None, args[0]) if len(args) == 1 else (args[0], args[1])
+        return model_path, checked_text(prompt, "the prompt")
     try:
-        if prompt_file == "-":
-            prompt = sys.stdin.read()
-        else:
-            with open(prompt_file, encoding="utf-8") as f:
-                prompt = f.read()
+        data = sys.stdin.buffer.read() if prompt_file == "-" else Path(prompt_file).read_bytes()
     except OSError as e:
         raise click.UsageError(f"-f {prompt_file}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise click.UsageError(f"-f {prompt_file}: not UTF-8 text") from None
+    try:
+        prompt = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"-f {prompt_file}: not valid UTF-8 text (byte 0x{data[e.start]:02x} at byte "
+                               f"{e.start})") from None
     return (args[0] if args else None), prompt
 
 

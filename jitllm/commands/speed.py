@@ -54,9 +54,9 @@ def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, targets, *
             model = load_model(model_path, flags, ctx=ctx, gpu_grow=False, tune_seam=False, **overrides)
             results = []
             if prompt_tokens:
-                results.append(prefill_speed(model, prompt_tokens, reps))
+                results.append(prefill_speed(model, fitted(model, "pp", prompt_tokens, 0), reps))
             if gen_tokens:
-                results.append(decode_speed(model, gen_tokens, reps))
+                results.append(decode_speed(model, fitted(model, "tg", gen_tokens, 1), reps))
             return model, results
 
         if not presets:
@@ -70,3 +70,13 @@ def speed(model_path, prompt_tokens, gen_tokens, reps, preset, wtype, targets, *
             rows.append((target, results))
             del model
         click.echo(target_table(name, size, rows))
+
+
+def fitted(model, test: str, tokens: int, prompt: int) -> int:
+    """The tokens of a test that fit the context beside its `prompt` positions: all of them, or as many as
+    fit, with a note (as generation ends at the context; the table names the test that ran)."""
+    room = model.executor.ctx - prompt
+    if tokens > room:
+        click.echo(f"jitllm: {test}{tokens} does not fit the context of {model.executor.ctx} tokens: "
+                   f"measuring {test}{room}", err=True)
+    return min(tokens, room)

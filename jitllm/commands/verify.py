@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import click
 
-from jitllm.commands.common import load_model, opt, placement_options
+from jitllm.commands.common import FiniteFloat, TextCommand, checked_text, load_model, opt, placement_options
 
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time,"
 
 
-@click.command()
+@click.command(cls=TextCommand)
 @click.argument("args", nargs=-1, metavar="[MODEL] [PROMPT]")
 @opt("n", "steps", type=click.IntRange(min=1), default=32, show_default=True, help="positions to compare")
-@opt("tol", type=click.FloatRange(min=0.0), default=None,
+@opt("tol", type=FiniteFloat(min=0.0), default=None,
      help="report differences above this; 10x it is an error (default 0.01; 0.25 when fast kernels, host or GPU, "
           "are compared with exact ones: int8 activations move logits by up to ~2 on SmolLM2, docs/performance.md)")
 @opt("ref-kernels", "ref_kernels", type=click.Choice(["fast", "exact"]), default="exact", show_default=True,
@@ -27,7 +27,7 @@ def verify(args, steps, tol, ref_kernels, **flags) -> None:
     if len(args) > 2:
         raise click.UsageError(f"expected [MODEL] [PROMPT], got {len(args)} arguments")
     model_path = args[0] if args else None
-    prompt = args[1] if len(args) > 1 else DEFAULT_PROMPT
+    prompt = checked_text(args[1], "the prompt") if len(args) > 1 else DEFAULT_PROMPT
     device_model = load_model(model_path, flags, no_gpu_fallback=True, gpu_grow=False, tune_seam=False)
     host_model = load_model(model_path, flags, devices="cpu", vram=None, placement=None, gpu_layers=None,
                             no_gpu_fallback=True, cpu_kernels=ref_kernels, gpu_kernels=ref_kernels, relocate=True,

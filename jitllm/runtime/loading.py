@@ -103,6 +103,8 @@ def open_model(model: str | Path | JlmFile, options: LoadOptions) -> Opened:
                 grow.append((index, assignment.device))
                 where[index] = devices[HOST]
     context = min(options.ctx or DEFAULT_CTX, layout.config.context)
+    if layout.config.context < 1:
+        raise JitllmError(f"{path}: the model's context is {layout.config.context} tokens (its header is corrupt)")
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
     cache_dir = Path(options.cache_dir) if options.cache_dir else None

@@ -3,9 +3,15 @@ presence and frequency penalties (OpenAI's) lower the logits of the tokens this 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from jitllm.core.errors import JitllmError
+
+_BOUNDS = {"temperature": (0.0, math.inf), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+           "presence_penalty": (-math.inf, math.inf), "frequency_penalty": (-math.inf, math.inf)}
 
 
 @dataclass(frozen=True)
@@ -14,12 +20,19 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     seed: int | None = None
+    """None: a fresh random seed; any integer (negative ones too) a reproducible one."""
     min_p: float = 0.0
     """Drop tokens less likely than min_p times the likeliest one (0: keep all)."""
     presence_penalty: float = 0.0
     """Subtracted from the logit of every token picked before."""
     frequency_penalty: float = 0.0
     """Subtracted from a token's logit once per time it was picked before."""
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in _BOUNDS.items():
+            value = getattr(self, name)
+            if not (math.isfinite(value) and low <= value <= high):
+                raise JitllmError(f"sampling {name} {value} is out of range: a finite number in [{low:g}, {high:g}]")
 
     @property
     def penalized(self) -> bool:
@@ -29,7 +42,7 @@ class SamplingParams:
 class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self._rng = np.random.default_rng(params.seed)
+        self._rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
         self._counts: dict[int, int] = {}
         """How often each token was picked (for the penalties)."""
 
@@ -61,8 +74,9 @@ class Sampler:
         k = logits.shape[-1] if p.top_k <= 0 else min(p.top_k, logits.shape[-1])
         top = np.argpartition(logits, -k)[-k:]
         top = top[np.argsort(-logits[top], kind="stable")]
-        z = (logits[top] - logits[top[0]]) / p.temperature
-        probs = np.exp(z.astype(np.float64))
+        with np.errstate(over="ignore"):  # (a tiny temperature sends every logit but the top one to -inf)
+            z = (logits[top].astype(np.float64) - float(logits[top[0]])) / p.temperature
+        probs = np.exp(z)
         probs /= probs.sum()
         if p.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1

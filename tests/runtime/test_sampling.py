@@ -1,9 +1,12 @@
-"""The sampler on hand-made logits: greedy, seeded draws, min-p and OpenAI's presence/frequency penalties."""
+"""The sampler on hand-made logits: greedy, seeded draws, min-p and OpenAI's presence/frequency penalties, and
+the parameters it refuses."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from jitllm.core.errors import JitllmError
 from jitllm.runtime.sampling import Sampler, SamplingParams
 
 LOGITS = np.array([3.0, 2.9, 0.0, -1.0, 2.0], np.float32)
@@ -39,3 +42,19 @@ def test_penalties_lower_the_tokens_already_picked():
     assert [presence(LOGITS) for _ in range(4)] == [0, 1, 0, 0]  # 2.5 > 2.4 however often 0 was picked
     frequency = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.6))
     assert [frequency(LOGITS) for _ in range(5)] == [0, 1, 0, 1, 4]  # 3 - 1.2 < 2.9 - 0.6, then both < 2.0
+
+
+def test_any_integer_seeds_and_tiny_temperatures_pick_the_likeliest():
+    """A negative seed (what the server may be sent) is a reproducible seed like any other; a temperature so
+    small that float32 would divide by zero (1e-320) samples in float64 and picks the likeliest token."""
+    negative = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=-3)
+    assert draws(negative) == draws(negative) != draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=3))
+    assert set(draws(SamplingParams(temperature=1e-320, top_k=0, top_p=1.0, seed=1), 20)) == {0}
+
+
+@pytest.mark.parametrize("field, value", [("temperature", float("nan")), ("temperature", float("inf")),
+                                          ("temperature", -1.0), ("top_p", float("nan")), ("top_p", 1.5),
+                                          ("min_p", float("nan")), ("presence_penalty", float("nan"))])
+def test_parameters_that_cannot_sample_are_refused_in_one_line(field, value):
+    with pytest.raises(JitllmError, match=f"sampling {field} .* out of range"):
+        SamplingParams(**{field: value})

@@ -12,7 +12,7 @@ from jitllm.core.paths import home_dir
 
 
 @pytest.fixture(scope="session")
-def llama_cpp_models() -> Path:
+def llama_cpp_models(setup_failed) -> Path:
     """llama.cpp's models/ folder (ggml-vocab-*, templates/), cached in $JITLLM_TEST_DATA, else
     ~/.cache/jitllm/test-data (or $JITLLM_HOME/test-data)."""
     root = Path(os.environ.get("JITLLM_TEST_DATA") or home_dir() / "test-data") / "llama.cpp-0.3.36-models"
@@ -20,5 +20,5 @@ def llama_cpp_models() -> Path:
         try:
             fetch_models(root)
         except (OSError, ValueError) as e:  # no network (URLError is an OSError), a changed file
-            pytest.skip(f"llama.cpp test data unavailable: fetching {SDIST} from PyPI failed: {e}")
+            setup_failed(f"llama.cpp test data unavailable: fetching {SDIST} from PyPI failed: {e}")
     return root

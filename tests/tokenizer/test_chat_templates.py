@@ -33,8 +33,11 @@ def backend() -> tokenizers.Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def hf_render(backend):
-    transformers = pytest.importorskip("transformers")
+def hf_render(backend, setup_failed):
+    try:
+        import transformers
+    except ImportError as e:
+        setup_failed(f"transformers (a test dependency) is not installed: {e}")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
     return lambda template: hf.apply_chat_template(CHAT, chat_template=template, tokenize=False,
                                                    add_generation_prompt=True)

@@ -8,6 +8,7 @@ from typing import NoReturn
 import click
 
 from jitllm.core.errors import JitllmError
+from jitllm.core.termination import install_termination_handler
 
 
 def fail(message: str, prog: str = "jitllm") -> NoReturn:
@@ -23,6 +24,7 @@ class _Group(click.Group):
     prog = "jitllm"
 
     def main(self, args=None, prog_name=None, **extra):  # type: ignore[override]
+        install_termination_handler(self.prog)
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:

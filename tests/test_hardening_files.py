@@ -5,17 +5,38 @@ and convert's memory, bounded by the largest region rather than the model."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 from test_tokenizer import tiny_tokenizer_metadata
 
 from jitllm.core.jlm import JlmFile
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TVM_NUM_THREADS": "1"}
+
+
+def jitllm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jitllm", *args], capture_output=True, text=True, env=ENV,
+                          timeout=120, check=False)
+
+
+def one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("jitllm: error: ") and all(w in done.stderr for w in words), done.stderr
+
+
+def hidden_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
 
 def write_q8_gguf(path: Path, blocks: int, hidden: int = 64, ffn: int = 128, vocab: int = 264, heads: int = 4,
@@ -78,8 +99,7 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
 def peak_rss_bytes(*args: str) -> int:
     """The peak RSS of `python -m jitllm ARGS`, by os.wait4 in a small parent process of its own (a child
     inherits its parent's RSS high-water mark across fork and exec, and pytest's is large)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TVM_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True, env=ENV,
                           timeout=120, check=False)
     status, peak = (int(v) for v in done.stdout.split())
     assert status == 0, done.stderr
@@ -99,3 +119,98 @@ def test_convert_memory_is_bounded_by_the_largest_region(tmp_path):
     bound = baseline + 1.5 * largest_block + embedding
     assert (tmp_path / "big.jlm").stat().st_size > 200e6
     assert peak <= bound, f"peak {peak / 1e6:.0f} MB > bound {bound / 1e6:.0f} MB (baseline {baseline / 1e6:.0f} MB)"
+
+
+# --- class 1: the output path ---
+
+def _device_node(path: Path) -> Path:
+    """A character device like /dev/full (1, 7), made here; a test that needs one fails rather than skips
+    under CI=true when it cannot be made."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except PermissionError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("cannot make a device node with mknod (CI=true: the test must run)")
+        pytest.skip("mknod is not permitted here")
+    return path
+
+
+@pytest.mark.parametrize("target", ["device", "link-to-device", "fifo", "directory", "source"])
+def test_convert_never_replaces_what_is_not_a_regular_file_nor_the_source(tmp_path, target):
+    src = write_q8_gguf(tmp_path / "m.gguf", blocks=1)
+    out = tmp_path / "out"
+    if target == "device":
+        _device_node(out)
+    elif target == "link-to-device":
+        out.symlink_to(_device_node(tmp_path / "full"))
+    elif target == "fifo":
+        os.mkfifo(out)
+    elif target == "directory":
+        out.mkdir()
+    else:
+        out = src
+    before = {p.name: (p.lstat().st_mode, p.lstat().st_size) for p in tmp_path.iterdir()}
+    done = jitllm("convert", str(src), "-o", str(out), "-quiet")
+    one_line_error(done, "cannot write")
+    assert {p.name: (p.lstat().st_mode, p.lstat().st_size) for p in tmp_path.iterdir()} == before
+    if target == "device":
+        assert stat.S_ISCHR(out.lstat().st_mode)
+
+
+def test_convert_writes_through_a_link_to_a_regular_file(tmp_path):
+    src = write_q8_gguf(tmp_path / "m.gguf", blocks=1)
+    real = tmp_path / "models" / "real.jlm"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    (tmp_path / "link.jlm").symlink_to(real)
+    done = jitllm("convert", str(src), "-o", str(tmp_path / "link.jlm"), "-quiet")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "link.jlm").is_symlink() and JlmFile(real).header["config"]["num_blocks"] == 1
+
+
+# --- class 2: interruptions ---
+
+def _wait_for(predicate, what: str, seconds: float = 60.0) -> None:
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_sigterm_during_convert_is_one_line_and_leaves_no_temporary_file(tmp_path):
+    src = write_q8_gguf(tmp_path / "big.gguf", blocks=8, hidden=1024, ffn=4096, vocab=8192, heads=16, kv_heads=4)
+    out = tmp_path / "out" / "m.jlm"
+    out.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "jitllm", "convert", str(src), "-o", str(out), "-quiet"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    prefix = f".m.jlm.{proc.pid}@{socket.gethostname()}."
+
+    def writing() -> bool:
+        return any(p.name.startswith(prefix) and p.stat().st_size > 10_000_000 for p in out.parent.iterdir())
+
+    _wait_for(writing, "the temporary file")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and stderr == "jitllm: error: terminated\n", (proc.returncode, stderr)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_a_later_convert_sweeps_dead_writers_temporary_files_but_not_live_ones(tmp_path):
+    src = write_q8_gguf(tmp_path / "m.gguf", blocks=1)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    try:
+        stale = tmp_path / f".m.jlm.{dead}@{host}.abcd1234.tmp"
+        running = tmp_path / f".m.jlm.{live.pid}@{host}.efgh5678.tmp"
+        elsewhere = tmp_path / f".m.jlm.{dead}@not-{host}.ijkl9012.tmp"
+        other = tmp_path / f".other.jlm.{dead}@{host}.mnop3456.tmp"
+        for planted in (stale, running, elsewhere, other):
+            planted.write_bytes(b"x" * 1000)
+        done = jitllm("convert", str(src), "-o", str(tmp_path / "m.jlm"), "-quiet")
+        assert done.returncode == 0, done.stderr
+        assert hidden_files(tmp_path) == sorted(p.name for p in (running, elsewhere, other))
+    finally:
+        live.kill()
+        live.wait()

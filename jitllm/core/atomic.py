@@ -27,14 +27,10 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
 
-def writer_tag() -> str:
-    """`<pid>@<host>`: who writes a temporary file or directory (read back by `sweep_stale`)."""
-    return f"{os.getpid()}@{socket.gethostname()}"
-
-
 def temp_prefix(name: str) -> str:
-    """The prefix of this process's temporary names for `name` (mkstemp / mkdtemp add the random part)."""
-    return f".{name}.{writer_tag()}."
+    """The prefix of this process's temporary names for `name`, `.NAME.<pid>@<host>.` (mkstemp and mkdtemp
+    add the random part; `sweep_stale` reads the writer back)."""
+    return f".{name}.{os.getpid()}@{socket.gethostname()}."
 
 
 def writable_target(dest: str | os.PathLike) -> Path:

@@ -94,7 +94,7 @@ def write_jlm(path: str | os.PathLike, meta: dict, plans: Sequence[RegionPlan],
                                           f"not as planned for region {plan.name}")
                     f.seek(offset + entries[name]["offset"])
                     f.write(np.ascontiguousarray(arr).data)
-                    del arr
+                    del arr  # (not held while the next one is made)
                 if pending:
                     raise JitllmError(f"{path}: region {plan.name} lacks {', '.join(pending)}")
                 end = offset + size

@@ -72,8 +72,8 @@ def main() -> None:
     host_presets = [tuple(p.split(":")) for p in args.host_presets.split(",") if p]
     keep: set[Path] = set()
     for kind, target in needed_kinds(presets, host_presets):
-        path = get_artifact(kind, target, args.cache, log=stderr_log).path.resolve()
-        keep |= {path, path.with_suffix(".json")}
+        directory = get_artifact(kind, target, args.cache, log=stderr_log).path.parent.resolve()
+        keep |= {f.resolve() for f in directory.iterdir()}  # (the artifact and its sidecar)
     root = Path(args.cache)
     stale = [f for f in root.rglob("*") if f.is_file() and f.resolve() not in keep]
     if args.prune:

@@ -11,6 +11,7 @@ import click
 from jitllm.commands.common import TextCommand
 from jitllm.commands.output import OutputFailed, discard_stdout, guarded_stdout
 from jitllm.core.errors import JitllmError
+from jitllm.core.termination import install_termination_handler
 
 MAX_MESSAGE = 400
 """Characters of an error line at most: a long value the user gave is echoed with its middle left out."""
@@ -38,6 +39,7 @@ class _Group(click.Group):
     prog = "jitllm"
 
     def main(self, args=None, prog_name=None, **extra):  # type: ignore[override]
+        install_termination_handler(self.prog)
         argv = list(args) if args is not None else sys.argv[1:]
         try:
             with guarded_stdout():

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from jitllm.core.errors import JitllmError
-from jitllm.core.jlm import write_jlm
-from jitllm.core.layouts import WEIGHT_TYPES, check_linear_shape
+from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
+from jitllm.core.layouts import WEIGHT_TYPES, check_linear_shape, weight_parts
 from jitllm.core.quant import parts_from_float
 from jitllm.ir.blocks import block_kind, block_linear_specs, check_block_types
 from jitllm.ir.config import ModelConfig
@@ -74,17 +74,29 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     def norm() -> np.ndarray:
         return (1.0 + 0.05 * rng.standard_normal(cfg.hidden)).astype(np.float32)
 
-    def linear(prefix: str, n: int, k: int):
-        return [(f"{prefix}.{part}", arr) for part, arr in parts_from_float(wtype, matrix(n, k)).items()]
+    def linear(prefix: str, n: int, k: int, scale: float = 1.0):
+        yield from ((f"{prefix}.{part}", arr) for part, arr in parts_from_float(wtype, matrix(n, k) * scale).items())
 
-    def regions():
-        embd = [(f"token_embd.{p}", a) for p, a in parts_from_float(wtype, matrix(cfg.vocab, cfg.hidden) * 8).items()]
-        yield "globals", embd + [("output_norm", norm())]
-        for i in range(cfg.num_blocks):
-            items = [(f"blk.{i}.attn_norm", norm()), (f"blk.{i}.ffn_norm", norm())]
-            for name, shape in shapes[i].items():
-                items += linear(f"blk.{i}.{name}", *shape)
-            yield f"block.{i}", items
+    def specs(prefix: str, n: int, k: int) -> list[TensorSpec]:
+        return [TensorSpec(f"{prefix}.{part}", shape, dtype) for part, shape, dtype in weight_parts(wtype, n, k)]
+
+    def globals_arrays():
+        yield from linear("token_embd", cfg.vocab, cfg.hidden, 8)
+        yield "output_norm", norm()
+
+    def block_arrays(i: int):
+        yield f"blk.{i}.attn_norm", norm()
+        yield f"blk.{i}.ffn_norm", norm()
+        for name, shape in shapes[i].items():
+            yield from linear(f"blk.{i}.{name}", *shape)
+
+    norm_spec = ((cfg.hidden,), "float32")
+    plans = [RegionPlan("globals", (*specs("token_embd", cfg.vocab, cfg.hidden), TensorSpec("output_norm", *norm_spec)),
+                        globals_arrays)]
+    for i in range(cfg.num_blocks):
+        tensors = [TensorSpec(f"blk.{i}.attn_norm", *norm_spec), TensorSpec(f"blk.{i}.ffn_norm", *norm_spec)]
+        tensors += [spec for name, shape in shapes[i].items() for spec in specs(f"blk.{i}.{name}", *shape)]
+        plans.append(RegionPlan(f"block.{i}", tuple(tensors), lambda i=i: block_arrays(i)))
 
     meta = {
         "format": "jitllm-model",
@@ -98,7 +110,7 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
         "add_bos": False,
         "source": {"kind": "random", "path": preset if isinstance(preset, str) else "custom", "seed": seed},
     }
-    write_jlm(path, meta, regions(), progress=progress)
+    write_jlm(path, meta, plans, progress=progress)
     return cfg
 
 

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jitllm.cli import MAX_MESSAGE, main
-from jitllm.core.jlm import JlmFile, write_jlm
+from jitllm.core.jlm import JlmFile
+from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
 
 CPU = ("-devices", "cpu")
 
@@ -46,7 +47,12 @@ def rewritten(src: Path, dst: Path, edit) -> Path:
     f = JlmFile(src)
     meta = {k: v for k, v in f.header.items() if k not in ("tensors", "regions")}
     edit(meta)
-    write_jlm(dst, meta, [(r["name"], list(f.region_tensors(r["name"]).items())) for r in f.header["regions"]])
+    plans = []
+    for region in f.header["regions"]:
+        items = list(f.region_tensors(region["name"]).items())
+        specs = tuple(TensorSpec(name, tuple(a.shape), a.dtype.name) for name, a in items)
+        plans.append(RegionPlan(region["name"], specs, lambda items=items: items))
+    write_jlm(dst, meta, plans)
     return dst
 
 

@@ -7,6 +7,7 @@ parts; plus `config`, `tokenizer_meta` and `tensor_name(name)` (the source's own
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from jitllm.core.atomic import writable_target
 from jitllm.core.errors import JitllmError
-from jitllm.core.jlm import write_jlm
-from jitllm.core.layouts import check_linear_shape
+from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
+from jitllm.core.layouts import check_linear_shape, weight_parts
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
 
@@ -52,7 +54,7 @@ def convert(src: str, out: str, dtype: str | None = None, progress: bool = True)
     if dtype is not None and dtype not in CONVERT_TYPES:
         raise JitllmError(f"dtype {dtype!r} is not one of {', '.join(CONVERT_TYPES)}")
     src_path, out_path = Path(src), Path(out)
-    _check_output(out_path)
+    _check_output(out_path, src_path)
     source = open_source(src_path)
     cfg = source.config
     weights = _weight_types(source, cfg, dtype)
@@ -61,17 +63,21 @@ def convert(src: str, out: str, dtype: str | None = None, progress: bool = True)
     from tqdm import tqdm
 
     with tqdm(total=cfg.num_blocks, desc="convert", unit="block", file=sys.stderr, disable=not progress) as bar:
-        write_jlm(out_path, meta, _regions(source, cfg, weights, bar.update))
+        write_jlm(out_path, meta, _plans(source, cfg, weights), progress=lambda region: bar.update(0 if region == "globals" else 1))
     block_types = sorted({t for block in weights["blocks"] for t in block.values()})
     return {"path": str(out_path), "arch": cfg.arch, "blocks": cfg.num_blocks, "bytes": out_path.stat().st_size,
             "weight_types": {"token_embd": weights["token_embd"], "output": weights["output"],
                              "blocks": block_types}, "tied_head": cfg.tied_head}
 
 
-def _check_output(out: Path) -> None:
-    """Fail before any work if `out` cannot be written (a directory, a path under a file, no permission)."""
+def _check_output(out: Path, src: Path) -> None:
+    """Fail before any work if `out` cannot be written (a directory, a device or another non-regular file,
+    a path under a file, no permission) or is one of the files the conversion reads."""
+    writable_target(out)
     if out.is_dir():
         raise JitllmError(f"cannot write {out}: it is a directory")
+    if out.exists() and any(_same_file(out, f) for f in _source_files(src)):
+        raise JitllmError(f"cannot write {out}: it is the model being converted ({src}); choose another output")
     parent = out.parent
     while not parent.exists():
         parent = parent.parent
@@ -82,6 +88,20 @@ def _check_output(out: Path) -> None:
             pass
     except OSError as e:
         raise JitllmError(f"cannot write {out}: cannot create files in {parent} ({e.strerror or e})") from None
+
+
+def _source_files(src: Path) -> list[Path]:
+    """The files a conversion of `src` reads: the GGUF, or a Hugging Face directory's weights and JSON/jinja."""
+    if src.is_dir():
+        return [f for pattern in ("*.safetensors", "*.json", "*.jinja") for f in src.glob(pattern)]
+    return [src]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _weight_types(source: Source, cfg: ModelConfig, dtype: str | None) -> dict:
@@ -108,21 +128,46 @@ def _weight_types(source: Source, cfg: ModelConfig, dtype: str | None) -> dict:
     return {"token_embd": embd, "output": head, "blocks": blocks}
 
 
-def _regions(source: Source, cfg: ModelConfig, weights: dict, step) -> Iterator[tuple[str, list]]:
-    """("globals", ...), ("block.0", ...), ...: tensors in call order, one region per block."""
+def _plans(source: Source, cfg: ModelConfig, weights: dict) -> list[RegionPlan]:
+    """Region "globals", then "block.0", ...: each region's tensors, and their arrays made from the source
+    one linear at a time when the writer comes to the region, the source's pages let go once a linear's
+    parts are made (so a conversion holds about one matrix twice, not the model)."""
 
-    def linear(name: str, wtype: str) -> list[tuple[str, np.ndarray]]:
-        return [(f"{name}.{part}", arr) for part, arr in source.parts(name, wtype).items()]
+    def linear_specs(name: str, wtype: str, shape: tuple[int, int]) -> list[TensorSpec]:
+        return [TensorSpec(f"{name}.{part}", s, dtype) for part, s, dtype in weight_parts(wtype, *shape)]
 
-    items = linear("token_embd", weights["token_embd"]) + [("output_norm", source.floats("output_norm"))]
+    def linear(name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
+        parts = source.parts(name, wtype)
+        source.release_pages()  # (the matrix's source bytes are read: only its parts are held now)
+        yield from ((f"{name}.{part}", arr) for part, arr in parts.items())
+
+    def norm(name: str) -> TensorSpec:
+        return TensorSpec(name, (cfg.hidden,), "float32")
+
+    matrix = (cfg.vocab, cfg.hidden)
+    globals_specs = [*linear_specs("token_embd", weights["token_embd"], matrix), norm("output_norm")]
     if not cfg.tied_head:
-        items += linear("output", weights["output"])
-    yield "globals", items
-    for i, types in enumerate(weights["blocks"]):
-        items = []
-        for norm, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
-            items.append((f"blk.{i}.{norm}", source.floats(f"blk.{i}.{norm}")))
+        globals_specs += linear_specs("output", weights["output"], matrix)
+
+    def globals_arrays() -> Iterator[tuple[str, np.ndarray]]:
+        yield from linear("token_embd", weights["token_embd"])
+        yield "output_norm", source.floats("output_norm")
+        if not cfg.tied_head:
+            yield from linear("output", weights["output"])
+
+    def block_arrays(i: int, types: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
+        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
+            yield f"blk.{i}.{norm_name}", source.floats(f"blk.{i}.{norm_name}")
             for lin in linears:
-                items += linear(f"blk.{i}.{lin}", types[lin])
-        yield f"block.{i}", items
-        step()
+                yield from linear(f"blk.{i}.{lin}", types[lin])
+
+    plans = [RegionPlan("globals", tuple(globals_specs), globals_arrays)]
+    shapes = block_linear_shapes(cfg)
+    for i, types in enumerate(weights["blocks"]):
+        specs = []
+        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
+            specs.append(norm(f"blk.{i}.{norm_name}"))
+            for lin in linears:
+                specs += linear_specs(f"blk.{i}.{lin}", types[lin], shapes[lin])
+        plans.append(RegionPlan(f"block.{i}", tuple(specs), lambda i=i, types=types: block_arrays(i, types)))
+    return plans

@@ -6,6 +6,7 @@ quantized tensors pass through without dequantizing when their type is kept.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,7 @@ class GgufSource:
         except (ValueError, IndexError, KeyError, OverflowError, struct.error):
             raise JitllmError(f"{path}: truncated or corrupt GGUF file") from None
         self._tensors = {t.name: t for t in reader.tensors}
+        self._map = reader.data._mmap  # (numpy's memmap keeps its mmap there; release_pages needs it)
         arch = self.metadata.get("general.architecture")
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
@@ -79,6 +81,12 @@ class GgufSource:
         if wtype == native and wtype in _REPACKED:
             return parts_from_ggml(wtype, self._tensor(name).data, n, k)
         return parts_from_float(wtype, self.floats(name))
+
+    def release_pages(self) -> None:
+        """Let go of the pages of the file this process has read through the map (they stay in the page
+        cache), so converting a large model does not hold all of it in memory."""
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def _tensor(self, name: str):
         t = self._tensors.get(self.tensor_name(name))

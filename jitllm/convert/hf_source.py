@@ -88,6 +88,12 @@ class HfSource:
     def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
         return parts_from_float(wtype, self.floats(name))
 
+    def release_pages(self) -> None:
+        """Let go of the pages of the weight files this process has read through their maps (they stay in
+        the page cache), so converting a large model does not hold all of it in memory."""
+        for buf in {id(entry[0]): entry[0] for entry in self._tensors.values()}.values():
+            buf.madvise(mmap.MADV_DONTNEED)
+
     def _entry(self, name: str) -> tuple[mmap.mmap, str, tuple[int, ...], int]:
         full = self.tensor_name(name)
         entry = self._tensors.get(full)

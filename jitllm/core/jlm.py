@@ -9,7 +9,7 @@ Layout (all integers little-endian):
     ... zero padding to ALIGN, then the regions in header order, each starting on an ALIGN boundary:
         "globals" (token embedding, final norm, output projection) and "block.0" .. "block.N-1".
 Within a region, tensors follow each other, each 64-byte aligned. A block's region is the unit that
-uploads, streams and migrates as one copy.
+uploads, streams and migrates as one copy. jitllm.core.jlm_writer writes it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
 
 import numpy as np
 
-from jitllm.core.atomic import atomic_write
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_validate import check_container
 
@@ -53,60 +51,6 @@ class Region:
     name: str
     offset: int  # bytes from the file start
     size: int
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def write_jlm(path: str | os.PathLike, meta: dict, regions: Iterable[tuple[str, Iterable[tuple[str, np.ndarray]]]],
-              progress=None) -> None:
-    """Write a .jlm atomically. `regions` yields (region name, [(tensor name, array), ...]) in file order;
-    `meta` is the rest of the header (config, tokenizer, chat template, stop tokens, block weight types).
-    The header needs every tensor's shape before the first byte of data, so all regions are gathered first."""
-    path = Path(path)
-    layout: list[tuple[str, list[tuple[str, np.ndarray]]]] = [(name, list(items)) for name, items in regions]
-    tensors: dict[str, dict] = {}
-    region_sizes: list[tuple[str, int]] = []
-    for rname, items in layout:
-        at = 0
-        for tname, arr in items:
-            at = _align(at, TENSOR_ALIGN)
-            tensors[tname] = {"region": rname, "offset": at, "shape": list(arr.shape), "dtype": arr.dtype.name}
-            at += arr.nbytes
-        region_sizes.append((rname, at))
-    header = dict(meta)
-    header["tensors"] = tensors
-    # Region offsets depend on the header length, which depends on the offsets: iterate to a fixed point.
-    offsets: list[int] = [0] * len(region_sizes)
-    for _ in range(4):
-        header["regions"] = [{"name": n, "offset": o, "size": s} for (n, s), o in zip(region_sizes, offsets)]
-        blob = json.dumps(header, separators=(",", ":")).encode()
-        at = _align(_PREAMBLE.size + len(blob), ALIGN)
-        new = []
-        for _, size in region_sizes:
-            new.append(at)
-            at = _align(at + size, ALIGN)
-        if new == offsets:
-            break
-        offsets = new
-    try:
-        with atomic_write(path) as f:
-            f.write(_PREAMBLE.pack(MAGIC, VERSION, 0, len(blob)))
-            f.write(blob)
-            for (rname, items), offset in zip(layout, offsets):
-                _write_region(f, offset, [(tensors[t]["offset"], a) for t, a in items])
-                if progress is not None:
-                    progress(rname)
-            f.truncate(offsets[-1] + region_sizes[-1][1] if offsets else f.tell())
-    except OSError as e:
-        raise JitllmError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def _write_region(f: BinaryIO, offset: int, items: list[tuple[int, np.ndarray]]) -> None:
-    for at, arr in items:
-        f.seek(offset + at)
-        f.write(np.ascontiguousarray(arr).tobytes())
 
 
 class JlmFile:

@@ -1,28 +1,38 @@
-"""Content-addressed cache of compiled block-kind artifacts (DESIGN.md §2).
+"""Content-addressed cache of compiled block-kind artifacts (DESIGN.md §2, docs/compile-cache.md).
 
 key = sha256(graph bytes, target dict, arch, jitllm version, TVM version, lowering sources, SCHEMA).
-An artifact is `<dir>/<target>/<kind>-<key>.so` plus a `.json` sidecar holding the .so's sha256, so a
-corrupted artifact is detected, reported and rebuilt. Writes are temp file + os.replace.
+An artifact is a directory `<dir>/<target>/<kind>-<key>/` holding its file(s) (`<kind>-<key>.so`) and a
+`<kind>-<key>.json` sidecar with the artifact's sha256, so a corrupted artifact is detected, reported and
+rebuilt. The directory is written under a temporary name and renamed into place whole, so artifact and
+sidecar appear together (two writers cannot leave a mismatched pair). A cache that cannot be written (a
+file, a read-only folder) is noticed before compiling: the run compiles into a temporary cache of its
+own, removed at exit, with one warning line.
 Policy `JITLLM_CACHE`: on (default) | off (never read or write) | redo (rebuild, overwrite) | readonly.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 
 import tvm
 
 import jitllm
-from jitllm.core.atomic import atomic_path, atomic_write
-from jitllm.core.errors import JitllmError
+from jitllm.core.atomic import sweep_stale, temp_prefix, umask_mode
+from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
@@ -84,10 +94,10 @@ def _file_digest(path: Path) -> str:
 
 
 def _valid(path: Path) -> bool:
-    sidecar = path.with_suffix(".json")
+    """Whether the artifact file `path` matches the sha256 of its sidecar (beside it, in its directory)."""
     try:
-        return json.loads(sidecar.read_text())["sha256"] == _file_digest(path)
-    except (OSError, ValueError, KeyError):
+        return json.loads(path.with_suffix(".json").read_text())["sha256"] == _file_digest(path)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
@@ -117,40 +127,130 @@ WRITERS = {SHARED_LIBRARY: _write_shared_library, ONNX_FILE: _write_onnx}
 """Artifact format -> how an artifact of it is written (to a temporary path, renamed into place after)."""
 
 
-def _build(kind: BlockKind, target: Target, dest: Path) -> None:
-    suffix = ARTIFACT_SUFFIXES[target.caps.artifact]
-    with atomic_path(dest, suffix) as tmp:
-        WRITERS[target.caps.artifact](kind, target, tmp)
-        digest = _file_digest(tmp)
-    with atomic_write(dest.with_suffix(".json"), ".json") as f:
-        f.write(json.dumps({"sha256": digest, "kind": kind.kind, "target": target.cache_key()}).encode())
+def _build(kind: BlockKind, target: Target, dest: Path, replace: bool) -> None:
+    """Write the artifact directory `dest` (holding the file `dest.name + suffix` and its sidecar) under a
+    temporary name beside it, then rename it into place. Where `dest` exists, `replace` moves it aside
+    first (redo, a corrupt or unloadable artifact); otherwise the directory already there (another
+    writer's, just as valid) is kept and this one dropped."""
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(parent, dest.name)  # (directories of compiles that were killed)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(dest.name), dir=parent))
+    try:
+        artifact = tmp / f"{dest.name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
+        WRITERS[target.caps.artifact](kind, target, artifact)
+        sidecar = {"sha256": _file_digest(artifact), "kind": kind.kind, "target": target.cache_key()}
+        artifact.with_suffix(".json").write_text(json.dumps(sidecar))
+        for f in tmp.iterdir():
+            os.chmod(f, f.stat().st_mode | umask_mode(0o444))  # (group-readable where the umask allows it)
+        os.chmod(tmp, umask_mode(0o777))  # (mkdtemp makes it 0700)
+        _publish(tmp, dest, replace)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, dest: Path, replace: bool) -> None:
+    """Rename the directory `tmp` to `dest`. A directory at `dest` is always whole (it got there by such a
+    rename), so where another writer's lands first (a rename onto a non-empty directory fails), it is kept."""
+    old = Path(tempfile.mkdtemp(prefix=temp_prefix(dest.name), suffix=".old", dir=dest.parent)) if replace else None
+    try:
+        if old is not None:
+            with contextlib.suppress(FileNotFoundError):  # (nothing there, or another writer moved it first)
+                os.rename(dest, old)
+        os.rename(tmp, dest)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@lru_cache(maxsize=None)
+def process_cache() -> Path:
+    """This process's own temporary cache (JITLLM_CACHE=off or readonly, and a cache that cannot be written),
+    removed at exit (also after SIGTERM: jitllm.core.termination); those of killed processes are swept."""
+    base = Path(tempfile.gettempdir())
+    sweep_stale(base, "jitllm-cache")
+    path = Path(tempfile.mkdtemp(prefix=temp_prefix("jitllm-cache"), dir=base))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no artifact can be written in `directory` (made if missing), or None where one can."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except FileExistsError:
+        return "not a directory"
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+_WARNED: set[Path] = set()
+"""Cache folders this process has said it cannot write (once each)."""
+
+
+def _warn_unwritable(root: Path, reason: str, log: Callable[[str], None]) -> None:
+    if root not in _WARNED:
+        _WARNED.add(root)
+        log(f"cache: cannot write {root} ({reason}); compiling into a temporary cache for this run")
 
 
 def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None, policy: str | None = None,
-                 log=None) -> Artifact:
-    """The artifact of `kind` for `target`, compiled now if the cache lacks it (reported through `log`)."""
+                 log=None, rebuild: bool = False) -> Artifact:
+    """The artifact of `kind` for `target`, compiled now if the cache lacks it (reported through `log`);
+    `rebuild`: compiled again even where the cache has it (it did not load)."""
     policy = policy or cache_policy()
     root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
     key = artifact_key(kind, target)
-    path = root / target.name / f"{kind.kind}-{key}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
-    if policy == "off":
-        path = Path(tempfile.mkdtemp(prefix="jitllm-nocache-")) / path.name
-    elif policy in ("on", "readonly") and path.exists():
-        if _valid(path):
-            return Artifact(kind.kind, key, path, False, 0.0)
+    name = f"{kind.kind}-{key}"
+    file_name = f"{name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
+    dest = root / target.name / name
+    if policy in ("on", "readonly") and not rebuild and (dest / file_name).exists():
+        if _valid(dest / file_name):
+            return Artifact(kind.kind, key, dest / file_name, False, 0.0)
         if log:
-            log(f"cache: {path} is corrupt; rebuilding it")
-    if policy == "readonly":
-        path = Path(tempfile.mkdtemp(prefix="jitllm-readonly-")) / path.name
+            log(f"cache: {dest / file_name} is corrupt; rebuilding it")
+    if policy == "off":
+        dest = Path(tempfile.mkdtemp(dir=process_cache())) / target.name / name
+    elif policy == "readonly" or (reason := _unwritable(dest.parent)) is not None:
+        if policy != "readonly":
+            _warn_unwritable(root, reason, log or stderr_log)
+        dest = process_cache() / target.name / name
+        if not rebuild and _valid(dest / file_name):
+            return Artifact(kind.kind, key, dest / file_name, False, 0.0)
     start = time.perf_counter()
     try:
-        _build(kind, target, path)
+        _build(kind, target, dest, replace=policy == "redo" or rebuild or dest.exists())
     except OSError as e:
-        raise JitllmError(f"cannot write the compile cache at {root}: {e.strerror or e}") from None
+        raise JitllmError(f"cannot write the compile cache at {dest.parent}: {e.strerror or e}") from None
     seconds = time.perf_counter() - start
     if log:
-        log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {path}")
-    return Artifact(kind.kind, key, path, True, seconds)
+        log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {dest / file_name}")
+    return Artifact(kind.kind, key, dest / file_name, True, seconds)
+
+
+Loaded = TypeVar("Loaded")
+
+
+def load_artifact(kind: BlockKind, target: Target, load: Callable[[Path], Loaded], cache_dir: Path | None = None,
+                  log=None) -> Loaded:
+    """`load(path)` of the artifact of `kind`; one that does not load though its sidecar matches (a library
+    built against another TVM, a truncated write the sidecar was made from) is compiled again, once."""
+    artifact = get_artifact(kind, target, cache_dir, log=log)
+    try:
+        return load(artifact.path)
+    except DeviceFault:
+        raise  # (the device failed, not the artifact)
+    except JitllmError as e:
+        if artifact.built:
+            raise
+        (log or stderr_log)(f"cache: {e}; rebuilding it")
+    return load(get_artifact(kind, target, cache_dir, log=log, rebuild=True).path)
 
 
 def stderr_log(message: str) -> None:

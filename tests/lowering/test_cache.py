@@ -1,13 +1,29 @@
-"""The compile cache: hits, misses, policies, corrupted artifacts rebuilt, keys that follow the graph."""
+"""The compile cache: hits, misses, policies, corrupted or unloadable artifacts rebuilt, keys that follow the
+graph, artifacts written as one directory, unwritable and temporary caches."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.config import ModelConfig
 from jitllm.ir.head import head_kind
-from jitllm.lowering.cache import artifact_key, cache_policy, get_artifact
+from jitllm.lowering.cache import (
+    artifact_key,
+    cache_policy,
+    get_artifact,
+    load_artifact,
+)
 from jitllm.lowering.targets.llvm import LlvmTarget
 
 CFG = ModelConfig("llama", 1, 64, 4, 2, 16, 128, 64, 64, 10000.0, 1e-5)
@@ -63,3 +79,102 @@ def test_missing_artifact_error_names_the_compile_flags_of_the_kernel_family():
     assert _family_flag(LlvmTarget("fast")) == "" and _family_flag(CudaTarget("sm_90", "fast")) == ""
     assert _family_flag(LlvmTarget("exact")) == " -cpu-kernels exact"
     assert _family_flag(CudaTarget("sm_90", "exact")) == " -gpu-kernels exact"
+
+
+# --- issue 27: artifacts as one unit, unloadable artifacts, unwritable caches, temporary caches ---
+
+def onnx_target():
+    from jitllm.lowering.targets.onnxruntime import OnnxRuntimeTarget
+
+    return OnnxRuntimeTarget()
+
+
+def test_artifact_and_sidecar_are_one_directory_readable_by_the_group(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        artifact = get_artifact(KIND, onnx_target(), tmp_path)
+    finally:
+        os.umask(umask)
+    directory = artifact.path.parent
+    assert directory.name == f"{KIND.kind}-{artifact.key}" and directory.parent == tmp_path / "onnxruntime"
+    assert sorted(p.name for p in directory.iterdir()) == sorted([artifact.path.name, f"{directory.name}.json"])
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in directory.iterdir())
+    assert list((tmp_path / "onnxruntime").iterdir()) == [directory]
+
+
+def test_concurrent_writers_leave_one_matching_pair_and_no_temporary_directory(tmp_path):
+    def write() -> None:
+        for _ in range(10):
+            get_artifact(KIND, onnx_target(), tmp_path, policy="redo")
+
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    artifact = get_artifact(KIND, onnx_target(), tmp_path)
+    assert not artifact.built and os.listdir(tmp_path / "onnxruntime") == [artifact.path.parent.name]
+
+
+def test_a_killed_compile_s_directory_is_swept_by_the_next_write(tmp_path):
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    name = f"{KIND.kind}-{artifact_key(KIND, onnx_target())}"
+    stale = tmp_path / "onnxruntime" / f".{name}.{dead}@{socket.gethostname()}.abcd_123"
+    stale.mkdir(parents=True)
+    (stale / f"{name}.onnx").write_bytes(b"half")
+    get_artifact(KIND, onnx_target(), tmp_path)
+    assert not stale.exists()
+
+
+def test_an_artifact_that_does_not_load_though_its_sidecar_matches_is_rebuilt(tmp_path):
+    import tvm
+
+    from jitllm.runtime.backends.tvm_tensors import load_program
+
+    first = get_artifact(KIND, LlvmTarget(), tmp_path)
+    first.path.write_bytes(b"not a shared library")
+    sidecar = first.path.with_suffix(".json")
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()),
+                                   "sha256": hashlib.sha256(b"not a shared library").hexdigest()}))
+    log = []
+    program = load_artifact(KIND, LlvmTarget(), lambda path: load_program(path, tvm.cpu(), False), tmp_path,
+                            log=log.append)
+    assert program.main is not None
+    assert "cannot load compiled artifact" in log[0] and log[0].endswith("rebuilding it")
+    assert log[1].startswith("compiled head") and not get_artifact(KIND, LlvmTarget(), tmp_path).built
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_unwritable_cache_falls_back_to_a_temporary_one_with_one_warning(tmp_path, where):
+    (tmp_path / "file").write_text("x")
+    root = tmp_path / "file" if where == "a file" else tmp_path / "file" / "cache"
+    log = []
+    head = get_artifact(KIND, onnx_target(), root, log=log.append)
+    other = get_artifact(head_kind(CFG, "q4_1"), onnx_target(), root, log=log.append)
+    again = get_artifact(KIND, onnx_target(), root, log=log.append)
+    warnings = [line for line in log if line.startswith("cache: cannot write")]
+    assert len(warnings) == 1 and "temporary cache" in warnings[0]
+    assert not again.built and again.path == head.path and other.path.is_file()  # (the temporary cache is read too)
+    assert (tmp_path / "file").read_text() == "x" and tmp_path not in head.path.parents
+
+
+@pytest.mark.parametrize("case", ["off", "unwritable"])
+def test_temporary_caches_do_not_outlive_the_process(tmp_path, case):
+    """The CLI: `jitllm compile` into a temporary cache leaves nothing in the system temp folder, and an
+    unwritable cache is one warning line, not an error (readonly takes the same temporary cache; each case
+    costs a TVM import, ~15 s on the 2-core machine, hence two)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (tmp_path / "file").write_text("x")
+    cache = tmp_path / ("file" if case == "unwritable" else "cache")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "TMPDIR": str(temp),
+           "JITLLM_CACHE": "on" if case == "unwritable" else case}
+    done = subprocess.run([sys.executable, "-m", "jitllm", "compile", "-preset", "tiny", "-target", "onnxruntime",
+                           "-cache", str(cache)], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    if case == "unwritable":
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("jitllm: cache: cannot write"), done.stderr
+    assert "compiled" in done.stdout and list(temp.iterdir()) == []
+    assert (tmp_path / "file").read_text() == "x" and not (tmp_path / "cache").exists()

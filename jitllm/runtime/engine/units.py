@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from jitllm.ir.block_type import KV_PAGES
 from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.cache import get_artifact
+from jitllm.lowering.cache import load_artifact
 from jitllm.lowering.target import kind_for_target
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.packed_weights import PackedWeights
@@ -43,10 +43,10 @@ def program(ex, kind: BlockKind, device: Device) -> Program:
     """The compiled `kind` on `device` (from the cache, compiled where it lacks it), loaded once."""
     key = (kind, device.name)
     if key not in ex._programs:
-        artifact = get_artifact(kind, device.target, ex.cache_dir, log=ex.log)
         main_appends = kind.decode and device.target.caps.decode_appends_kv
         page_kernels = block_type(kind).state == KV_PAGES and not main_appends
-        ex._programs[key] = device.load(artifact.path, kind, page_kernels)
+        ex._programs[key] = load_artifact(kind, device.target, lambda path: device.load(path, kind, page_kernels),
+                                          ex.cache_dir, log=ex.log)
     return ex._programs[key]
 
 

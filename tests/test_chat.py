@@ -35,6 +35,12 @@ def test_a_turn_reuses_the_conversations_cache_and_answers_as_a_fresh_run(model_
     assert (conversation.reused > 0) == reuses
 
 
+def _default_sigint() -> None:
+    """The chat's Ctrl-C as a terminal gives it: a suite started in the background of a shell without job
+    control runs with SIGINT ignored, which its children inherit (and Python then leaves ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_the_chat_verb_keeps_the_cache_and_survives_an_interrupted_answer(cache_dir, tmp_path):
     """(A tiny model with a long context: its answers run for seconds, so the interrupt lands inside one.)"""
     from jitllm.random_model import PRESETS, write_random_model
@@ -44,7 +50,7 @@ def test_the_chat_verb_keeps_the_cache_and_survives_an_interrupted_answer(cache_
     env = dict(os.environ, JITLLM_CACHE_DIR=str(cache_dir))
     proc = subprocess.Popen([sys.executable, "-m", "jitllm", "chat", "-n", "4000", "-temp", "0", "-devices", "cpu",
                              "-ctx", "16384", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, preexec_fn=_default_sigint)
     out = bytearray()
 
     def read() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from jitllm.core.errors import JitllmError
-from jitllm.core.jlm_validate import check_container
+from jitllm.core.jlm_validate import check_container, tensor_nbytes
 
 MAGIC = b"JITLLM\x00\x01"
 VERSION = 1
@@ -43,7 +43,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return tensor_nbytes(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError, shown
 
+
+def tensor_nbytes(shape, dtype: str) -> int:
+    """A tensor's size in the file (Python integers: a fuzzed shape cannot overflow it)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
 TENSOR_DTYPES = ("float32", "float16", "uint16", "int8", "uint8", "int16", "int32", "uint32", "float64",
                  "int64", "uint64")
 """numpy dtype names a tensor may have (plain fixed-width numbers; the layouts use the first five)."""
@@ -81,7 +86,7 @@ def _tensors(entries: object, regions: Mapping[str, int], file_size: int, tensor
         offset = _count(fields["offset"], f"{what} offset")
         if offset % tensor_align:
             raise JitllmError(f"corrupt .jlm header: {what} offset {offset} is not a multiple of {tensor_align}")
-        end = offset + math.prod(dims) * np.dtype(dtype).itemsize
+        end = offset + tensor_nbytes(dims, dtype)
         if end > regions[region]:
             raise JitllmError(f"corrupt .jlm header: {what} ({shown(shape)} {dtype}) ends at byte {end} of "
                               f"region {region!r}, which has {regions[region]}")

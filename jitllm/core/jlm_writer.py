@@ -19,6 +19,7 @@ import numpy as np
 from jitllm.core.atomic import atomic_write
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import _PREAMBLE, ALIGN, MAGIC, TENSOR_ALIGN, VERSION
+from jitllm.core.jlm_validate import tensor_nbytes
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return tensor_nbytes(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)

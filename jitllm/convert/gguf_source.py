@@ -6,20 +6,22 @@ quantized tensors pass through without dequantizing when their type is kept.
 
 from __future__ import annotations
 
+import math
 import mmap
-import struct
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
 
 from jitllm.core.errors import JitllmError, shown
 from jitllm.core.quant import parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
-from jitllm.tokenizer import check_token_settings, gguf_tokenizer
+from jitllm.tokenizer import GgufTensorInfo, check_token_settings, gguf_tokenizer, read_gguf
 from jitllm.tokenizer.gguf_vocab import token_settings
 
 ARCHITECTURES = ("llama", "mistral")
@@ -29,11 +31,24 @@ NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_
                 "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 _REPACKED = ("bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """Types whose GGML bytes are repacked as they are (no dequantize and requantize)."""
+_FLOAT_VIEWS = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+"""GGML types whose tensors are viewed as numbers (the others as bytes), as GGUFReader does."""
 _CONFIG_KEYS = {"num_blocks": "block_count", "hidden": "embedding_length", "heads": "attention.head_count",
                 "kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
                 "ffn": "feed_forward_length", "context": "context_length", "rope_theta": "rope.freq_base",
                 "rms_eps": "attention.layer_norm_rms_epsilon"}
 """ModelConfig field -> its GGUF metadata key after "<arch>."."""
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """A tensor of the file: `shape` numpy's way ([out, in]), `data` a view of the map (None for a GGML type
+    gguf does not know), as GGUFReader gives it: F32/F16 values, the other types' bytes as [rows, row bytes]."""
+
+    shape: tuple[int, ...]
+    type_name: str
+    qtype: GGMLQuantizationType | None
+    data: np.ndarray | None
 
 
 class GgufSource:
@@ -43,15 +58,15 @@ class GgufSource:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        contents = read_gguf(path)
+        self.metadata: dict[str, Any] = contents.metadata
         try:
-            reader = gguf.GGUFReader(path)
-            self.metadata: dict[str, Any] = {k: f.contents() for k, f in reader.fields.items()}
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
-        except (ValueError, IndexError, KeyError, OverflowError, struct.error):
-            raise JitllmError(f"{path}: truncated or corrupt GGUF file") from None
-        self._tensors = {t.name: t for t in reader.tensors}
-        self._map = reader.data._mmap  # (numpy's memmap keeps its mmap there; release_pages needs it)
+        data = np.frombuffer(self._map, np.uint8)[contents.data_start:]
+        self._tensors = {t.name: _mapped_tensor(path, t, data) for t in contents.tensors}
         arch = self.metadata.get("general.architecture")
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
@@ -69,12 +84,12 @@ class GgufSource:
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
         """(shape [out, in] or [n], weight type kept by default) of a tensor."""
         t = self._tensor(name)
-        return tuple(int(d) for d in reversed(t.shape.tolist())), _native_type(self.tensor_name(name), t)
+        return t.shape, _native_type(self.tensor_name(name), t)
 
     def floats(self, name: str) -> np.ndarray:
         t = self._tensor(name)
         _native_type(self.tensor_name(name), t)
-        return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        return np.asarray(gguf.quants.dequantize(t.data, t.qtype), dtype=np.float32)
 
     def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
         (n, k), native = self.info(name)
@@ -85,10 +100,9 @@ class GgufSource:
     def release_pages(self) -> None:
         """Let go of the pages of the file this process has read through the map (they stay in the page
         cache), so converting a large model does not hold all of it in memory."""
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_DONTNEED)
+        self._map.madvise(mmap.MADV_DONTNEED)
 
-    def _tensor(self, name: str):
+    def _tensor(self, name: str) -> _Tensor:
         t = self._tensors.get(self.tensor_name(name))
         if t is None:
             raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
@@ -168,8 +182,29 @@ def _f32(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _native_type(name: str, t) -> str:
-    ggml = t.tensor_type.name
-    if ggml not in NATIVE_TYPES:
-        raise JitllmError(f"{name}: tensor type {ggml} is not supported ({', '.join(NATIVE_TYPES)} are)")
-    return NATIVE_TYPES[ggml]
+def _native_type(name: str, t: _Tensor) -> str:
+    if t.type_name not in NATIVE_TYPES:
+        raise JitllmError(f"{name}: tensor type {t.type_name} is not supported ({', '.join(NATIVE_TYPES)} are)")
+    return NATIVE_TYPES[t.type_name]
+
+
+def _mapped_tensor(path: Path, info: GgufTensorInfo, data: np.ndarray) -> _Tensor:
+    """A tensor info with its view of the data section, its bytes checked to lie inside the file."""
+    shape = tuple(reversed(info.dims))
+    try:
+        qtype = GGMLQuantizationType(info.ggml_type)
+    except ValueError:  # a type this gguf does not know: reported by name if the tensor is used
+        return _Tensor(shape, str(info.ggml_type), None, None)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if not info.dims or info.dims[0] % block:
+        raise JitllmError(f"{path}: truncated or corrupt GGUF file ({info.name}: dims {list(info.dims)} "
+                          f"for {qtype.name})")
+    nbytes = math.prod(info.dims) // block * type_size
+    if info.offset + nbytes > len(data):
+        raise JitllmError(f"{path}: truncated or corrupt GGUF file ({info.name} lies past its end)")
+    view = data[info.offset:info.offset + nbytes]
+    if qtype in _FLOAT_VIEWS:
+        view = view.view(_FLOAT_VIEWS[qtype]).reshape(shape)
+    else:
+        view = view.reshape(quant_shape_to_byte_shape(shape, qtype))
+    return _Tensor(shape, qtype.name, qtype, view)

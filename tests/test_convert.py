@@ -22,6 +22,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.core.layouts import K_QUANTS
 from jitllm.core.quant import dequantize
+from jitllm.tokenizer import read_gguf
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BLOCKS = 64, 4, 2, 16, 96, 264, 2
 TINY = {"hidden": HIDDEN, "head_dim": HEAD_DIM, "ffn": FFN}
@@ -319,6 +320,27 @@ def _gguf_with_raw(tmp_path: Path, name: str, qtype: str) -> Path:
     return write_gguf(tmp_path / "m.gguf", weights, {name: qtype}, dims=WIDE)
 
 
+def _gguf_patched(tmp_path: Path, name: str, edit: Callable[[bytearray, int], None]) -> Path:
+    """A tiny GGUF whose header bytes are edited by `edit(data, at)`, `at` the end of tensor `name`'s name."""
+    path = write_gguf(tmp_path / "m.gguf", float_weights(tied=True))
+    data = bytearray(path.read_bytes())
+    at = data.index(name.encode()) + len(name)
+    edit(data, at)
+    path.write_bytes(data)
+    return path
+
+
+def _rename(data: bytearray, at: int) -> None:
+    """blk.1.ffn_up.weight -> blk.0.ffn_up.weight (a duplicate)."""
+    data[at - len("1.ffn_up.weight")] = ord("0")
+
+
+def _unknown_type(data: bytearray, at: int) -> None:
+    """The tensor's GGML type (after its u32 dimension count and u64 dimensions) -> 99."""
+    (n_dims,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, 99)
+
+
 def _file(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -402,6 +424,12 @@ BAD_SOURCES = {
     "truncated in tensors": (lambda t: _truncated(t, 0.5), "truncated or corrupt GGUF"),
     "truncated at the end": (lambda t: _truncated(t, 0.9999), "truncated or corrupt GGUF"),
     "magic only": (lambda t: _file(t / "m.gguf", b"GGUF\x03\x00"), "truncated or corrupt GGUF"),
+    "duplicate tensor": (lambda t: _gguf_patched(t, "blk.1.ffn_up.weight", _rename),
+                         r"m\.gguf: truncated or corrupt GGUF file \(tensor 'blk\.0\.ffn_up\.weight' appears twice\)$"),
+    "unknown tensor type": (lambda t: _gguf_patched(t, "blk.0.attn_v.weight", _unknown_type),
+                            r"^blk\.0\.attn_v\.weight: tensor type 99 is not supported \(F32, F16,"),
+    "alignment not a power of two": (lambda t: _gguf_meta(t, lambda w: w.add_uint32("general.alignment", 24)),
+                                     r"m\.gguf: general\.alignment must be a power of two \(got 24\)$"),
     "foreign": (lambda t: _file(t / "notes.txt", b"hello"), "is neither a GGUF file nor a Hugging Face model directory"),
     "plain dir": (lambda t: (t / "d").mkdir() or t / "d", "is neither a GGUF file nor a Hugging Face model directory"),
     "missing": (lambda t: t / "absent.gguf", "absent.gguf: no such file or directory"),
@@ -469,6 +497,37 @@ BAD_SOURCES = {
                                                                     r"\(invalid offset for tensor `model\.embed_tokens\.weight`\)"),
     "safetensors offsets short": (lambda t: _hf_offsets(t, 0, 64), r"truncated or corrupt safetensors file"),
 }
+
+
+def _gguf_tensors(path: Path) -> tuple[dict[str, tuple], int]:
+    """{name: (dims, GGML type, absolute offset)} and the data section's start, by read_gguf."""
+    contents = read_gguf(path)
+    at = contents.data_start
+    return {t.name: (t.dims, t.ggml_type, at + t.offset) for t in contents.tensors}, at
+
+
+def _reader_tensors(path: Path) -> dict[str, tuple]:
+    """The same by gguf's GGUFReader (the oracle)."""
+    return {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset))
+            for t in gguf.GGUFReader(path).tensors}
+
+
+def test_read_gguf_finds_the_tensors_gguf_finds_at_any_alignment(tmp_path, smollm2_gguf):
+    """read_gguf's tensor infos and data start are GGUFReader's (general.alignment 64 and the default 32,
+    on a mix of types and on the real model), and a converted model does not depend on the alignment."""
+    weights = float_weights(tied=True)
+    (tmp_path / "a64").mkdir()
+    (tmp_path / "a32").mkdir()
+    wide = write_gguf(tmp_path / "a64" / "m.gguf", weights, QUANT_TYPES, extra=lambda w: w.add_custom_alignment(64))
+    plain = write_gguf(tmp_path / "a32" / "m.gguf", weights, QUANT_TYPES)
+    for path, alignment in ((wide, 64), (plain, 32), (smollm2_gguf, 32)):
+        tensors, start = _gguf_tensors(path)
+        assert start % alignment == 0
+        assert tensors == _reader_tensors(path)
+    assert _gguf_tensors(wide)[1] != _gguf_tensors(plain)[1]  # (the header is padded differently)
+    convert(str(wide), str(tmp_path / "a64.jlm"), progress=False)
+    convert(str(plain), str(tmp_path / "a32.jlm"), progress=False)
+    assert (tmp_path / "a64.jlm").read_bytes() == (tmp_path / "a32.jlm").read_bytes()
 
 
 @pytest.mark.parametrize("case", list(BAD_SOURCES))

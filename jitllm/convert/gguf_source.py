@@ -18,7 +18,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
 from jitllm.core.errors import JitllmError, shown
-from jitllm.core.quant import parts_from_float, parts_from_ggml
+from jitllm.core.layouts import ROW_GROUP, weight_parts
+from jitllm.core.quant import REPACK_ROWS, parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import GgufTensorInfo, check_token_settings, gguf_tokenizer, read_gguf
@@ -89,13 +90,24 @@ class GgufSource:
     def floats(self, name: str) -> np.ndarray:
         t = self._tensor(name)
         _native_type(self.tensor_name(name), t)
-        return np.asarray(gguf.quants.dequantize(t.data, t.qtype), dtype=np.float32)
+        return _floats(t.data, t.qtype)
 
     def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
+        """The matrix's layout parts, made REPACK_ROWS rows at a time with the file's pages let go after
+        each, so the source bytes of a large matrix (the embedding) are not held beside its parts."""
         (n, k), native = self.info(name)
-        if wtype == native and wtype in _REPACKED:
-            return parts_from_ggml(wtype, self._tensor(name).data, n, k)
-        return parts_from_float(wtype, self.floats(name))
+        t = self._tensor(name)
+        out = {part: np.empty(shape, dtype) for part, shape, dtype in weight_parts(wtype, n, k)}
+        for start in range(0, n, REPACK_ROWS):
+            rows = t.data[start:start + REPACK_ROWS]
+            if wtype == native and wtype in _REPACKED:
+                chunk = parts_from_ggml(wtype, rows, len(rows), k)
+            else:
+                chunk = parts_from_float(wtype, _floats(rows, t.qtype))
+            for part, arr in chunk.items():
+                out[part][start // ROW_GROUP:(start + len(rows)) // ROW_GROUP] = arr
+            self.release_pages()
+        return out
 
     def release_pages(self) -> None:
         """Let go of the pages of the file this process has read through the map (they stay in the page
@@ -180,6 +192,10 @@ class GgufSource:
 def _f32(value: float) -> float:
     """A float32 metadata value as the shortest decimal that round-trips (1e-05, not 9.999999747378752e-06)."""
     return float(str(np.float32(value)))
+
+
+def _floats(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    return np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32)
 
 
 def _native_type(name: str, t: _Tensor) -> str:

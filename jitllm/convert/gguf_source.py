@@ -60,7 +60,7 @@ class GgufSource:
     def __init__(self, path: Path) -> None:
         self.path = path
         contents = read_gguf(path)
-        self.metadata: dict[str, Any] = contents.metadata
+        meta = contents.metadata  # (not kept: the vocabulary's Python objects are tens of MB)
         try:
             with open(path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -68,12 +68,12 @@ class GgufSource:
             raise JitllmError(f"cannot read {path}: {e.strerror or e}") from None
         data = np.frombuffer(self._map, np.uint8)[contents.data_start:]
         self._tensors = {t.name: _mapped_tensor(path, t, data) for t in contents.tensors}
-        arch = self.metadata.get("general.architecture")
+        arch = meta.get("general.architecture")
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
-        self.config = self._config(arch)
-        tok = gguf_tokenizer(self.metadata)
-        self.tokenizer_meta = {"tokenizer": tok.to_str(), **token_settings(self.metadata, tok)}
+        self.config = self._config(meta, arch)
+        tok = gguf_tokenizer(meta)
+        self.tokenizer_meta = {"tokenizer": tok.to_str(), **token_settings(meta, tok)}
         try:
             check_token_settings(tok, self.tokenizer_meta, self.config.vocab)
         except JitllmError as e:
@@ -120,10 +120,10 @@ class GgufSource:
             raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
         return t
 
-    def _config(self, arch: str) -> ModelConfig:
+    def _config(self, meta: dict[str, Any], arch: str) -> ModelConfig:
         """The config from the metadata, typed and range-checked by ModelConfig.from_json (messages name the
         GGUF keys); the vocabulary is the embedding's row count."""
-        p, meta = f"{arch}.", self.metadata
+        p = f"{arch}."
         names = {field: p + key for field, key in _CONFIG_KEYS.items()}
         values: dict[str, Any] = {"arch": arch, **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
         if "heads" in values:
@@ -139,29 +139,29 @@ class GgufSource:
             cfg = ModelConfig.from_json(values, names)
         except JitllmError as e:
             raise JitllmError(f"{self.path.name}: {e}") from None
-        rope_dim = self._number(p + "rope.dimension_count", cfg.head_dim, int)
+        rope_dim = self._number(meta, p + "rope.dimension_count", cfg.head_dim, int)
         if rope_dim != cfg.head_dim:
             raise JitllmError(f"partial rotary embedding ({rope_dim} of {cfg.head_dim} dims) is not supported")
         return replace(cfg, rope_theta=_f32(cfg.rope_theta), rms_eps=_f32(cfg.rms_eps),
-                       rope_scaling=self._rope_scaling(p, cfg.head_dim, cfg.context))
+                       rope_scaling=self._rope_scaling(meta, p, cfg.head_dim, cfg.context))
 
-    def _number(self, key: str, default: float, kind: type = float) -> Any:
+    def _number(self, meta: dict[str, Any], key: str, default: float, kind: type = float) -> Any:
         """A numeric metadata value (`kind` int: an integer), or `default` where the key is absent."""
-        value = self.metadata.get(key, default)
+        value = meta.get(key, default)
         if type(value) is not kind and not (kind is float and type(value) is int):
             noun = "an integer" if kind is int else "a number"
             raise JitllmError(f"{self.path.name}: {key} must be {noun} (got {shown(value)})")
         return value
 
-    def _rope_scaling(self, p: str, head_dim: int, context: int) -> RopeScaling:
+    def _rope_scaling(self, meta: dict[str, Any], p: str, head_dim: int, context: int) -> RopeScaling:
         """The RoPE scaling as llama.cpp reads it: rope.scaling.type (linear where it is absent but a factor is
         set), rope.scaling.factor (or the older rope.scale_linear), rope.scaling.attn_factor on cos/sin, and
         Llama 3's per-pair frequency divisors in the rope_freqs.weight tensor. YaRN's parameters are the
         yarn_* keys convert_hf_to_gguf.py copies from config.json, read as transformers reads them."""
-        key, meta = f"{p}rope.scaling.", self.metadata
-        factor = self._number(key + "factor", 0.0) or self._number(p + "rope.scale_linear", 0.0)
+        key = f"{p}rope.scaling."
+        factor = self._number(meta, key + "factor", 0.0) or self._number(meta, p + "rope.scale_linear", 0.0)
         kind = meta.get(key + "type", "linear" if factor not in (0.0, 1.0) else "none")
-        attn = _f32(self._number(key + "attn_factor", 1.0))
+        attn = _f32(self._number(meta, key + "attn_factor", 1.0))
         if "rope_freqs.weight" in self._tensors:
             if kind != "none":
                 raise JitllmError(f"rope_freqs.weight with rope scaling {kind!r} is not supported")
@@ -180,13 +180,13 @@ class GgufSource:
         if kind == "linear":
             return RopeScaling("linear", factor, attention_factor=attn)
         for name, plain in (("yarn_ext_factor", 1.0), ("yarn_log_multiplier", 0.0)):
-            if self._number(key + name, plain) != plain:
+            if self._number(meta, key + name, plain) != plain:
                 raise JitllmError(f"{key}{name} = {meta[key + name]} is not supported")
-        attention = (_f32(self._number(key + "yarn_attn_factor", 1.0)) if key + "yarn_attn_factor" in meta
+        attention = (_f32(self._number(meta, key + "yarn_attn_factor", 1.0)) if key + "yarn_attn_factor" in meta
                      else yarn_attention_factor(factor))
-        return RopeScaling("yarn", factor, self._number(key + "original_context_length", 0, int) or context,
-                           beta_fast=_f32(self._number(key + "yarn_beta_fast", 32.0)),
-                           beta_slow=_f32(self._number(key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
+        return RopeScaling("yarn", factor, self._number(meta, key + "original_context_length", 0, int) or context,
+                           beta_fast=_f32(self._number(meta, key + "yarn_beta_fast", 32.0)),
+                           beta_slow=_f32(self._number(meta, key + "yarn_beta_slow", 1.0)), attention_factor=attention * attn)
 
 
 def _f32(value: float) -> float:

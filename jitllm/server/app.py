@@ -241,9 +241,14 @@ async def read_json(request: Request, limit: int):
         if len(body) > limit:
             raise ApiError(413, f"the request body is over {limit} bytes")
     try:
-        return json.loads(body)
+        value = json.loads(body)
+        json.dumps(value, ensure_ascii=False).encode()  # (an escaped lone surrogate, "\\ud800", is no text)
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body holds a string that is not Unicode text (a lone surrogate such "
+                            "as \\ud800)") from None
     except ValueError as e:  # (UnicodeDecodeError is one)
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    return value
 
 
 class Guard:

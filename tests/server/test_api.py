@@ -174,6 +174,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 @pytest.mark.parametrize("path, body, status, needle", [
     ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}', 400,
+     "lone surrogate"),
     ("/v1/chat/completions", [1, 2], 400, "JSON object"),
     ("/v1/chat/completions", CHAT | {"temperature": "hot"}, 400, "'temperature'"),
     ("/v1/chat/completions", CHAT | {"temperature": -0.5}, 400, "'temperature'"),

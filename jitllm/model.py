@@ -159,7 +159,7 @@ def load_with(source: str | Path | CheckedModel, options: LoadOptions) -> Model:
     """Open a .jlm (its whole header checked first, before anything compiles: jitllm.checked_model), plan
     where each block runs, upload weights and load (or compile) the artifacts."""
     checked = source if isinstance(source, CheckedModel) else open_checked(source)
-    opened = open_model(checked.file, options)
+    opened = open_model(checked.file, checked.layout, options)
     model = Model(checked.file.path, opened.file, opened.layout, opened.plan, opened.devices, opened.executor,
                   checked.tokenizer, no_gpu_fallback=options.no_gpu_fallback, log=options.log,
                   grow_queue=opened.grow_queue)

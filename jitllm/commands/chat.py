@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from jitllm.commands.common import (Utf8Text, context_full_note, load_model, opt, placement_options,
+from jitllm.commands.common import (Utf8Text, finish_answer, load_model, opt, placement_options,
                                     sampling_options, utf8_problem)
 
 EXIT = "/exit"
@@ -55,11 +55,5 @@ def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flag
         except ConversationFull as e:
             click.echo(f"jitllm: {e} (/exit, then a new chat or a longer -ctx)", err=True)
             continue
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        if model.context_filled:
-            click.echo(f"jitllm: {context_full_note(model)}", err=True)
-        s = model.last_stats
-        click.echo(f"jitllm: prefill {s.prompt_tokens} tokens ({conversation.reused} reused) at {s.prefill_tps:.1f} "
-                   f"tok/s, decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
+        finish_answer(model, conversation.reused)
     conversation.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import sys
 from typing import Callable
 
 import click
@@ -157,12 +158,20 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
     return load_with(checked, options)
 
 
-def context_full_note(model) -> str:
-    """What to say when generation stopped because the context was full (Model.context_filled)."""
+def finish_answer(model, reused: int | None = None) -> None:
+    """After an answer streamed to stdout: its line ended, a note where the context's end stopped it
+    (Model.context_filled), and the prefill/decode figures on stderr (`reused`: chat's tokens kept)."""
+    sys.stdout.write("\n")
+    sys.stdout.flush()
     ex = model.executor
-    longer = (f"-ctx gives up to the model's {ex.layout.config.context}" if ex.ctx < ex.layout.config.context
-              else "the model's own")
-    return f"the context of {ex.ctx} tokens is full: generation stopped there ({longer})"
+    if model.context_filled:
+        longer = (f"-ctx gives up to the model's {ex.layout.config.context}" if ex.ctx < ex.layout.config.context
+                  else "the model's own")
+        click.echo(f"jitllm: the context of {ex.ctx} tokens is full: generation stopped there ({longer})", err=True)
+    s = model.last_stats
+    kept = "" if reused is None else f" ({reused} reused)"
+    click.echo(f"jitllm: prefill {s.prompt_tokens} tokens{kept} at {s.prefill_tps:.1f} tok/s, "
+               f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
 
 
 def _compile_log(message: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, context_full_note, load_model, opt,
+from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, finish_answer, load_model, opt,
                                     placement_options, sampling_options)
 
 
@@ -43,13 +43,7 @@ def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, sy
     for piece in model.generate(prompt, max_tokens, sampling, chat=chat, system=system):
         sys.stdout.write(piece)
         sys.stdout.flush()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    if model.context_filled:
-        click.echo(f"jitllm: {context_full_note(model)}", err=True)
-    s = model.last_stats
-    click.echo(f"jitllm: prefill {s.prompt_tokens} tokens at {s.prefill_tps:.1f} tok/s, "
-               f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
+    finish_answer(model)
 
 
 def split_prompt(args: tuple[str, ...], prompt_file: str | None) -> tuple[str | None, str]:

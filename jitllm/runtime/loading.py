@@ -62,13 +62,11 @@ class Opened:
     grow_queue: list[tuple[int | str, str]]
 
 
-def open_model(model: str | Path | JlmFile, options: LoadOptions) -> Opened:
-    """Open a .jlm (or take one opened), plan where each block runs, make the devices, upload weights and
-    load (or compile) the artifacts."""
+def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Opened:
+    """For an opened .jlm and its (checked) layout: plan where each block runs, make the devices, upload
+    weights and load (or compile) the artifacts."""
     from jitllm.runtime.device_spec import parse_devices
 
-    file = model if isinstance(model, JlmFile) else JlmFile(model)
-    layout = ModelLayout.from_file(file)
     choices = []
     if options.devices.strip().lower() != "cpu":
         from jitllm.runtime.inventory import detect_inventory
@@ -103,8 +101,6 @@ def open_model(model: str | Path | JlmFile, options: LoadOptions) -> Opened:
                 grow.append((index, assignment.device))
                 where[index] = devices[HOST]
     context = min(options.ctx or DEFAULT_CTX, layout.config.context)
-    if layout.config.context < 1:
-        raise JitllmError(f"{path}: the model's context is {layout.config.context} tokens (its header is corrupt)")
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
     cache_dir = Path(options.cache_dir) if options.cache_dir else None

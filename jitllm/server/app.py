@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from jitllm.core.errors import JitllmError
 from jitllm.server.choices import Choice, StopStrings
-from jitllm.server.engine import Engine, Failed, Finished, Job, Token
+from jitllm.server.engine import Engine, Failed, Finished, Job
 from jitllm.server.errors import ApiError
 from jitllm.server.metrics import Metrics
 from jitllm.server.responses import Responses, sse, usage

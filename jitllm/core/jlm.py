@@ -34,16 +34,24 @@ _PREAMBLE = struct.Struct("<8sIIQ")
 
 
 @dataclass(frozen=True)
-class TensorEntry:
+class TensorSpec:
+    """A tensor by name, shape and dtype (what a writer plans; jitllm.core.jlm_writer)."""
+
     name: str
-    region: str
-    offset: int  # bytes from the region start
     shape: tuple[int, ...]
     dtype: str
 
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class TensorEntry(TensorSpec):
+    """A tensor of an opened file: its spec and where it lies."""
+
+    region: str
+    offset: int  # bytes from the region start
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class JlmFile:
             except JitllmError as e:
                 raise JitllmError(f"{self.path}: {e}") from None
             self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"]) for r in self.header["regions"]}
-            self.tensors = {n: TensorEntry(n, t["region"], t["offset"], tuple(t["shape"]), t["dtype"])
+            self.tensors = {n: TensorEntry(n, tuple(t["shape"]), t["dtype"], t["region"], t["offset"])
                             for n, t in self.header["tensors"].items()}
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 

@@ -18,19 +18,7 @@ import numpy as np
 
 from jitllm.core.atomic import atomic_write
 from jitllm.core.errors import JitllmError
-from jitllm.core.jlm import _PREAMBLE, ALIGN, MAGIC, TENSOR_ALIGN, VERSION
-from jitllm.core.jlm_validate import tensor_nbytes
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return tensor_nbytes(self.shape, self.dtype)
+from jitllm.core.jlm import _PREAMBLE, ALIGN, MAGIC, TENSOR_ALIGN, VERSION, TensorSpec
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,7 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     """The ONNX model of one block kind: its type's body over its inputs, with the model-local functions
     (jitllm.ir.ops) its custom ops call."""
     g = GraphBuilder()
-    lead = (1, 1) if kind.decode else ("batch", "seq")
-    outputs = block_type(kind).body(g, kind, lead)
+    outputs = block_type(kind).body(g, kind, kind.lead)
     inputs = [tensor_info(n, d, s) for n, s, d in activation_inputs(kind) + weight_inputs(kind)]
     graph = helper.make_graph(g.nodes, f"jitllm_{kind.kind}", inputs, outputs)
     return helper.make_model(

@@ -221,6 +221,10 @@ class BlockKind:
     folded: bool = False
     """The graph's norms, SwiGLU, residual adds and rotary embedding are folded ops (jitllm.ir.ops) at
     every row count, not only in decode variants: for targets with folded prefill kernels."""
+    ragged: bool = False
+    """A variant over a ragged batch: the new rows of several sessions in one [1, rows] step (each
+    session's rows consecutive, listed by row offsets), each session with its own page table and history
+    length; the head's variant takes each session's last row. Batched steps run it (engine/batched.py)."""
 
     @property
     def fused(self) -> bool:
@@ -235,3 +239,11 @@ class BlockKind:
 
     def decode_variant(self) -> "BlockKind":
         return replace(self, decode=True)
+
+    def ragged_variant(self) -> "BlockKind":
+        return replace(self, ragged=True)
+
+    @property
+    def lead(self) -> tuple:
+        """The leading dims of its activations: one row (decode), rows of a ragged batch, or batch x seq."""
+        return (1, 1) if self.decode else (1, "rows") if self.ragged else ("batch", "seq")

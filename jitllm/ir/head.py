@@ -37,14 +37,18 @@ class HeadBlock:
         return [("output_norm", (kind.config.hidden,), "float32"), *linear_inputs(kind.linears[0])]
 
     def activation_inputs(self, kind: BlockKind) -> Inputs:
-        batch, seq = (1, 1) if kind.decode else ("batch", "seq")
-        return [("x", (batch, seq, kind.config.hidden), "float32")]
+        """A ragged kind also takes `last_rows` [seqs]: the row whose logits each session wants."""
+        x = ("x", (*kind.lead, kind.config.hidden), "float32")
+        return [x, ("last_rows", ("seqs",), "int32")] if kind.ragged else [x]
 
     def body(self, g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
-        """Decode variants (and folded kinds) take the norm folded into the projection's op."""
+        """Decode variants (and folded kinds) take the norm folded into the projection's op; a ragged kind
+        projects only the rows `last_rows` names, [1, seqs, vocab]."""
         (spec,) = kind.linears
-        g.rename(norm_linear(g, "x", "output_norm", kind.config.rms_eps, spec, kind.decode or kind.folded), "logits")
-        return [tensor_info("logits", "float32", (*lead, spec.out_features))]
+        x = g.op("Gather", "x", "last_rows", axis=1) if kind.ragged else "x"
+        g.rename(norm_linear(g, x, "output_norm", kind.config.rms_eps, spec, kind.decode or kind.folded), "logits")
+        out_lead = (1, "seqs") if kind.ragged else lead
+        return [tensor_info("logits", "float32", (*out_lead, spec.out_features))]
 
 
 HEAD = HeadBlock()

@@ -15,7 +15,7 @@ from jitllm.ir.block_type import KV_PAGES, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
 from jitllm.ir.layers import decoder_weight_inputs, ffn, ffn_linear_shapes, linear, linear_add, norm, norm_linear, rope
-from jitllm.ir.ops import PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV
+from jitllm.ir.ops import PAGED_ATTENTION, RAGGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
@@ -85,7 +85,9 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
         q = rope(g, q, c.heads, c.head_dim, cos, sin)
         k = rope(g, k, c.kv_heads, c.head_dim, cos, sin)
         v = g.op("Reshape", v, g.const([0, 0, c.kv_heads, c.head_dim]))
-    if attn is None:
+    if kind.ragged:
+        attn = g.op(RAGGED_ATTENTION, q, k, v, "pages", "page_table", "past", "seq_starts", domain=DOMAIN)
+    elif attn is None:
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
     attn = g.op("Reshape", attn, g.const([0, 0, q_dim]))
     x2 = linear_add(g, attn, o_spec, "x", fold)
@@ -100,16 +102,20 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
 
 
 def _activation_inputs(kind: BlockKind) -> Inputs:
+    """A ragged kind's rows belong to `seqs` sessions: page table and history length per session, and
+    `seq_starts` [seqs + 1], the first row of each session (and the row count last)."""
     c = kind.config
-    batch, seq = (1, 1) if kind.decode else ("batch", "seq")
+    lead = kind.lead
+    seqs = "seqs" if kind.ragged else lead[0]
     half = c.head_dim // 2
     return [
-        ("x", (batch, seq, c.hidden), "float32"),
-        ("cos", (batch, seq, half), "float32"),
-        ("sin", (batch, seq, half), "float32"),
+        ("x", (*lead, c.hidden), "float32"),
+        ("cos", (*lead, half), "float32"),
+        ("sin", (*lead, half), "float32"),
         ("pages", ("num_pages", 2, c.kv_heads, kind.page_size, c.head_dim), "float32"),
-        ("page_table", (batch, "max_pages"), "int32"),
-        ("past", (batch,), "int32"),
+        ("page_table", (seqs, "max_pages"), "int32"),
+        ("past", (seqs,), "int32"),
+        *([("seq_starts", ("seq_bounds",), "int32")] if kind.ragged else []),
     ]
 
 

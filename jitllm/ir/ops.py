@@ -10,6 +10,11 @@ KV pool directly.
   causal attention of the S new tokens over the `past` positions held in the pages listed by the page
   table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
   kernel run after the block.
+- `RaggedPagedAttention(q[1,T,H,D], k[1,T,Hkv,D], v, pages, page_table[B,MP] i32, past[B] i32,
+  seq_starts[B+1] i32)`: the rows of B sequences in one batch (batched steps): sequence b's new tokens are
+  rows seq_starts[b] .. seq_starts[b+1]-1, at positions past[b] ..; each row attends causally over its own
+  sequence's `past[b]` paged positions and its earlier new rows, exactly as PagedAttention would for that
+  sequence alone. It does not write the pool either.
 - `GatedRecurrence(q[B,S,H,D], k, v, a, state[B,H,D,D]) -> (out[B,S,H,D], state_out)`: per head a
   D x D state folded over the S tokens in order, S_t = diag(a_t) S_{t-1} + k_t^T v_t, out_t = q_t S_t
   (gated linear attention; `a` in (0, 1) is the per-key-dimension decay). The TVM lowering updates
@@ -38,6 +43,7 @@ from jitllm.ir.dequant import dequantize
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 
 PAGED_ATTENTION = "PagedAttention"
+RAGGED_ATTENTION = "RaggedPagedAttention"
 GATED_RECURRENCE = "GatedRecurrence"
 ROTARY_QKV = "RotaryQKV"
 ROTARY_ATTENTION = "RotaryPagedAttention"
@@ -176,6 +182,55 @@ def paged_attention_function() -> onnx.FunctionProto:
     return _function(PAGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past"], ["out"], g)
 
 
+def ragged_attention_function() -> onnx.FunctionProto:
+    """Each row as a query of its own, over the pages of its sequence's table and over the new rows of its
+    sequence up to itself (masks from the row -> sequence map that seq_starts gives)."""
+    g = GraphBuilder("rag_")
+    i64 = onnx.TensorProto.INT64
+    f32 = onnx.TensorProto.FLOAT
+    zero, one = g.const(0), g.const(1)
+    d_dim = g.op("Shape", "q", start=3)
+    t_len = g.op("Shape", "q", start=1, end=2)  # [1]: T
+    rows = g.op("Range", zero, g.op("Squeeze", t_len, g.const([0])), one)  # [T]
+    starts = g.op("Cast", "seq_starts", to=i64)
+    ends = g.op("Slice", starts, g.const([1]), g.const([1 << 62]))  # [B]
+    # the sequence of each row: how many sequences end at or before it
+    seq = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", g.op("Unsqueeze", ends, g.const([0])),
+                                               g.op("Unsqueeze", rows, g.const([1]))), to=i64),
+               g.const([1]), keepdims=0)  # [T]
+    # history per row: [T, MP, 2, Hkv, P, D] -> K/V [T, Hkv, MP*P, D]
+    hist = g.op("Gather", "pages", g.op("Gather", "page_table", seq, axis=0), axis=0)
+    hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
+    hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
+    kh = g.op("Gather", hist, g.const(0), axis=1)
+    vh = g.op("Gather", hist, g.const(1), axis=1)
+    hist_len = g.op("Shape", kh, start=2, end=3)
+    q = g.op("Squeeze", "q", g.const([0]))  # [T, H, D]
+    hkv = g.op("Shape", "k", start=2, end=3)
+    qg = g.op("Reshape", q, g.op("Concat", t_len, hkv, g.const([-1]), d_dim, axis=0))  # [T, Hkv, g, D]
+    scale = g.op("Sqrt", g.op("Cast", d_dim, to=f32))
+    s_hist = g.op("Div", g.op("MatMul", qg, g.op("Transpose", kh, perm=[0, 1, 3, 2])), scale)  # [T, Hkv, g, L]
+    kn = g.op("Transpose", g.op("Squeeze", "k", g.const([0])), perm=[1, 2, 0])  # [Hkv, D, T]
+    vn = g.op("Transpose", g.op("Squeeze", "v", g.const([0])), perm=[1, 0, 2])  # [Hkv, T, D]
+    s_new = g.op("Div", g.op("MatMul", qg, g.op("Unsqueeze", kn, g.const([0]))), scale)  # [T, Hkv, g, T]
+    past = g.op("Cast", g.op("Gather", "past", seq, axis=0), to=i64)  # [T]
+    jpos = g.op("Range", zero, g.op("Squeeze", hist_len, g.const([0])), one)  # [L]
+    vis_hist = g.op("Less", g.op("Unsqueeze", jpos, g.const([0])), g.op("Unsqueeze", past, g.const([1])))  # [T, L]
+    same = g.op("Equal", g.op("Unsqueeze", seq, g.const([1])), g.op("Unsqueeze", seq, g.const([0])))  # [T, T]
+    causal = g.op("LessOrEqual", g.op("Unsqueeze", rows, g.const([0])), g.op("Unsqueeze", rows, g.const([1])))
+    vis_new = g.op("And", same, causal)
+    mask = g.op("Unsqueeze", g.op("Concat", vis_hist, vis_new, axis=1), g.const([1, 2]))  # [T, 1, 1, L + T]
+    scores = g.op("Where", mask, g.op("Concat", s_hist, s_new, axis=-1), g.const(-1e30, "float32"))
+    probs = g.op("Softmax", scores, axis=-1)
+    p_hist, p_new = g.op("Split", probs, g.op("Concat", hist_len, t_len, axis=0), axis=-1, outputs=2)
+    # history slots no row sees are zeroed, not only weighted by 0 (a page's unused slots may hold NaN)
+    v_seen = g.op("Where", g.op("Unsqueeze", vis_hist, g.const([1, 3])), vh, g.const(0.0, "float32"))
+    out = g.op("Add", g.op("MatMul", p_hist, v_seen), g.op("MatMul", p_new, g.op("Unsqueeze", vn, g.const([0]))))
+    out = g.op("Reshape", out, g.op("Concat", g.const([1]), t_len, g.const([-1]), d_dim, axis=0))  # [1, T, H, D]
+    g.rename(out, "out")
+    return _function(RAGGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past", "seq_starts"], ["out"], g)
+
+
 def gated_recurrence_function() -> onnx.FunctionProto:
     """The recurrence as an ONNX Scan over the sequence axis: one step's body per token."""
     f32 = onnx.TensorProto.FLOAT
@@ -203,7 +258,8 @@ def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
     """The model-local functions that a graph's jitllm-domain nodes call, one per op type."""
     from jitllm.core.layouts import ROW_GROUP, SUPER_BLOCK, weight_parts
 
-    others = {PAGED_ATTENTION: paged_attention_function, GATED_RECURRENCE: gated_recurrence_function,
+    others = {PAGED_ATTENTION: paged_attention_function, RAGGED_ATTENTION: ragged_attention_function,
+              GATED_RECURRENCE: gated_recurrence_function,
               ROTARY_QKV: rotary_qkv_function, ROTARY_ATTENTION: rotary_attention_function}
     functions: dict[str, onnx.FunctionProto] = {}
     pending = list(nodes)

@@ -6,7 +6,8 @@ kernels/cpu/linear.py / kernels/cpu/attention.py (the ONNX function bodies are o
 The folded decode ops (`RmsNormLinear_<wtype>`, `LinearAdd_…`, `SwiGLULinearAdd_…`, `RotaryQKV`,
 `RotaryPagedAttention`) become one kernel on targets that have one (`folded_linear_kernel`, `rotary_kernel`,
 `split_attention_kernel`) and their parts elsewhere.
-The KV append kernel is added beside `main` and called by the runtime after each block step, and on
+The KV append kernel is added beside `main` and called by the runtime after each block step (a ragged
+variant's appends each sequence's rows at its own positions: RaggedPagedAttention's batched steps), and on
 targets that have one an embedding row gather beside a head's `main` (the runtime's prompt lookup where
 the head is tied).
 The kernels come from the target (`linear_kernel`, `attention_kernel`, `append_kernel`), so each
@@ -36,6 +37,7 @@ from jitllm.ir.ops import (
     LINEAR_FAMILIES,
     NORM_LINEAR,
     PAGED_ATTENTION,
+    RAGGED_ATTENTION,
     ROTARY_ATTENTION,
     ROTARY_QKV,
     SWIGLU_LINEAR_ADD,
@@ -234,6 +236,18 @@ def _attention(kind: BlockKind, target):
     return paged_attention
 
 
+def _ragged_attention(kind: BlockKind, target):
+    def ragged_attention(bb, inputs, attr, params):
+        inputs = [bb.normalize(i) for i in inputs]
+        kernel = target.ragged_attention_kernel(kind)
+        if kernel is None:
+            raise JitllmError(f"target {target.name} has no ragged attention kernel for head dim "
+                              f"{kind.config.head_dim}, so it cannot run batched steps of this model")
+        return relax.call_tir(_add_kernel(bb, *kernel), inputs, inputs[0].ty)
+
+    return ragged_attention
+
+
 def _rotary_attention(kind: BlockKind, target):
     """RotaryPagedAttention (decode variants): the target's split decode attention that rotates q and the
     new k as it reads them, where it has one (no rotary launch); else RotaryQKV, then PagedAttention."""
@@ -268,6 +282,7 @@ def _custom_ops(kind: BlockKind, target):
     extra[ROTARY_QKV] = _converter(_rotary(kind, target))
     extra[PAGED_ATTENTION] = _converter(_attention(kind, target))
     extra[ROTARY_ATTENTION] = _converter(_rotary_attention(kind, target))
+    extra[RAGGED_ATTENTION] = _converter(_ragged_attention(kind, target))
     extra[GATED_RECURRENCE] = _recurrence_converter(kind, target)
     with _PATCH_LOCK:
         original = onnx_frontend._get_convert_map
@@ -289,7 +304,7 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     with _custom_ops(kind, target):
         mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
     if state == KV_PAGES:
-        _, func = target.append_kernel(kind)
+        _, func = target.ragged_append_kernel(kind) if kind.ragged else target.append_kernel(kind)
         mod[APPEND_FUNCTION] = func.with_attr("global_symbol", APPEND_FUNCTION)
         for name, func in target.page_kernels(kind).items():
             mod[name] = func

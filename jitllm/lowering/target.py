@@ -38,6 +38,8 @@ class TargetCaps:
     """A batch-1, seq-1 variant of each kind is compiled beside it and runs decode steps (BlockKind.decode)."""
     decode_appends_kv: bool = False
     """A decode variant's `main` writes the step's K and V into the pages itself (no append call after it)."""
+    ragged_batches: bool = False
+    """It compiles ragged variants (BlockKind.ragged): one step over the rows of many sessions."""
     index_bits: int = 64
     """Width of the integers kernels index with (WGSL has no 64-bit integers)."""
     kernels_flag: str | None = None
@@ -73,6 +75,10 @@ class KernelSet:
         """PagedAttention over any number of new tokens."""
         return None
 
+    def ragged_attention_kernel(self, kind: BlockKind):
+        """RaggedPagedAttention: the rows of several sequences, each over its own pages (ragged variants)."""
+        return None
+
     def split_attention_kernel(self, kind: BlockKind, rotary: bool = False):
         """Decode attention split over chunks of the history (with `rotary`, from the fused projection);
         where there is one, `attention_workspace_shape` and `attention_counters` describe its buffers."""
@@ -86,6 +92,10 @@ class KernelSet:
 
     def append_kernel(self, kind: BlockKind):
         """The KV append compiled beside a decoder block's `main` (lowering.APPEND_FUNCTION)."""
+        return None
+
+    def ragged_append_kernel(self, kind: BlockKind):
+        """The KV append of a ragged variant (each sequence's rows at its own positions)."""
         return None
 
     def page_kernels(self, kind: BlockKind) -> dict:

@@ -173,7 +173,8 @@ class LlvmTarget(KernelSet):
     """
 
     name = "llvm"
-    caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, decode_variants=True, kernels_flag="cpu-kernels")
+    caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, decode_variants=True, ragged_batches=True,
+                      kernels_flag="cpu-kernels")
     sources = ("targets/llvm.py", "kernels/cpu")
 
     def __init__(self, kernels: str = "exact", isa: str | None = None, threads: int | None = None):
@@ -205,6 +206,16 @@ class LlvmTarget(KernelSet):
         from jitllm.lowering.kernels.cpu.attention import append_kernel
 
         return append_kernel(kind)
+
+    def ragged_attention_kernel(self, kind):
+        from jitllm.lowering.kernels.cpu.attention import ragged_attention_kernel
+
+        return ragged_attention_kernel(kind)
+
+    def ragged_append_kernel(self, kind):
+        from jitllm.lowering.kernels.cpu.attention import ragged_append_kernel
+
+        return ragged_append_kernel(kind)
 
     def page_kernels(self, kind) -> dict:
         from jitllm.lowering.kernels.cpu.pages import page_kernels

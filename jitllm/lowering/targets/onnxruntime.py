@@ -11,9 +11,10 @@ from jitllm.lowering.target import ONNX_FILE, KernelSet, TargetCaps
 
 class OnnxRuntimeTarget(KernelSet):
     name = "onnxruntime"
-    caps = TargetCaps(ONNX_FILE, fuse_linears=True)
+    caps = TargetCaps(ONNX_FILE, fuse_linears=True, ragged_batches=True)
     """Q/K/V and gate/up stacked as on the host and CUDA: a block keeps one layout on every device, so a
-    move to or from an ONNX Runtime device is one copy of its weights."""
+    move to or from an ONNX Runtime device is one copy of its weights. Ragged variants run their reference
+    bodies (and the backend's numpy append)."""
     sources = ("targets/onnxruntime.py",)
     kernels = "exact"
     """f32 throughout: ONNX Runtime runs the ops' reference bodies."""

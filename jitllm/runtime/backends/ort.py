@@ -95,7 +95,7 @@ class OrtBackend:
         main = _Main(session, kind)
         if not page_kernels:
             return Program(main, None, None, None)
-        return Program(main, append_kv, export_pages, import_pages)
+        return Program(main, append_ragged_kv if kind.ragged else append_kv, export_pages, import_pages)
 
 
 class _Main:
@@ -125,6 +125,20 @@ def append_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table: np.nd
     slots = positions % page_size
     pages[ids, 0, :, slots, :] = k
     pages[ids, 1, :, slots, :] = v
+
+
+def append_ragged_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table: np.ndarray, past: np.ndarray,
+                     seq_starts: np.ndarray) -> None:
+    """A ragged step's new K and V [1, rows, Hkv, D]: sequence b's rows seq_starts[b] .. at its positions
+    past[b] ..."""
+    starts = seq_starts.astype(np.int64)
+    seq = np.repeat(np.arange(len(starts) - 1), np.diff(starts))  # the sequence of each row
+    positions = past.astype(np.int64)[seq] + np.arange(starts[-1]) - starts[seq]
+    page_size = pages.shape[3]
+    ids = page_table.astype(np.int64)[seq, positions // page_size]
+    slots = positions % page_size
+    pages[ids, 0, :, slots, :] = k[0]
+    pages[ids, 1, :, slots, :] = v[0]
 
 
 def export_pages(pages: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:

@@ -18,7 +18,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
 from jitllm.ir.rope import rope_tables
 from jitllm.runtime.device import Device
-from jitllm.runtime.engine import captured, forward, kv, pipelined, units
+from jitllm.runtime.engine import batched, captured, forward, kv, pipelined, units
 from jitllm.runtime.engine.embedding import TokenEmbedding
 from jitllm.runtime.engine.kv_pages import PagePool, PageTable
 from jitllm.runtime.engine.packed_weights import PackedWeights
@@ -37,6 +37,8 @@ class Executor:
         self._placement = placement
         self._programs: dict[tuple[BlockKind, str], Program] = {}
         self._placed: dict[tuple[int | str, str], tuple[BlockKind, Program, Program | None]] = {}
+        self._ragged: dict[tuple[int | str, str], Program] = {}
+        """(unit, device name) -> the unit's ragged variant there (batched steps; loaded at first use)."""
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
         self.rope = rope_tables(cfg, ctx)
@@ -135,6 +137,11 @@ class Executor:
         if self.head.program_for(1).argmax is None:
             return int(np.argmax(forward.forward(self, session, ids, pick=False)))
         return forward.forward(self, session, ids, pick=True)
+
+    def batched_forward(self, work: list[tuple[Session, list[int]]]) -> np.ndarray:
+        """Every (session, ids) of `work` in one step (batched.py): the logits of each session's last new
+        token, [sessions, vocab]."""
+        return batched.batched_forward(self, work)
 
     def greedy_tokens(self, session: Session, token: int, steps: int) -> Iterator[int]:
         """`steps` greedy decode steps, the first fed `token` (pipelined.greedy_tokens)."""

@@ -12,12 +12,20 @@ from jitllm.runtime.engine.scheduler import initial_pages
 
 
 def pool(ex, device: Device) -> PagePool:
-    """The device's page pool: room for its blocks at a quarter of the context, grown on demand."""
+    """The device's page pool: room for its blocks at a quarter of the context, grown on demand up to the
+    pages its KV budget holds (Device.kv_budget_bytes; none: as many as allocation gives)."""
     if device.name not in ex.pools:
         cfg, page = ex.layout.config, ex.layout.block_kinds[0].page_size
         blocks_here = sum(1 for i in range(cfg.num_blocks) if ex._placement[i] is device)
-        ex.pools[device.name] = PagePool(device, initial_pages(blocks_here, ex.ctx, page), cfg.kv_heads, page,
-                                         cfg.head_dim)
+        max_pages = None
+        if device.kv_budget_bytes is not None:
+            max_pages = (device.kv_budget_bytes - device.kv_bytes) // PagePool.bytes_per_page(cfg.kv_heads, page,
+                                                                                                cfg.head_dim)
+            if max_pages < 1:
+                raise JitllmError(f"{device.name}: its KV budget holds no page ({device.kv_budget_bytes} bytes)")
+        first = initial_pages(blocks_here, ex.ctx, page)
+        ex.pools[device.name] = PagePool(device, first if max_pages is None else min(first, max_pages), cfg.kv_heads,
+                                         page, cfg.head_dim, max_pages)
     return ex.pools[device.name]
 
 
@@ -43,6 +51,29 @@ def pages_for(ex, session, unit, positions: int) -> PageTable:
             raise JitllmError(f"{unit.device.name}: no room for more KV pages, so the context stops "
                               f"growing there (-relocate is off): {problem}") from None
         ex.relocate(unit.device, problem)
+
+
+def try_room(ex, session, positions: int) -> bool:
+    """Pages for `positions` in every attention block's table, without relocating anything: False where a
+    device's pool is full (the batch scheduler then lets sessions wait, or spills one). Pages taken before
+    the refusal stay the session's."""
+    if positions <= session.kv_room:
+        return True
+    ex.drain()
+    ex._epoch += 1
+    for unit in ex.blocks:
+        if unit.state != KV_PAGES:
+            continue
+        table = session.tables.get(unit.index)
+        if table is None:
+            table = session.tables[unit.index] = PageTable(ex.pool(unit.device), arena=session.arena(unit.device))
+        try:
+            if not table.ensure(positions):
+                return False
+        except JitllmError:  # over the device's budget: the same answer as a full pool
+            return False
+    session.kv_room = min((len(t.ids) * t.pool.page_size for t in session.tables.values()), default=0)
+    return True
 
 
 def ensure_room(ex, session, positions: int) -> None:

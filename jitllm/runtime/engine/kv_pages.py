@@ -29,10 +29,14 @@ class PagePool:
         self.page_size = page_size
         self.max_pages = max_pages
         self._page_shape = (2, kv_heads, page_size, head_dim)
-        self.page_bytes = 2 * kv_heads * page_size * head_dim * 4
+        self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim)
         self.pages: Tensor | None = None
         self.ids = PageAllocator()
         self._grow_to(num_pages)
+
+    @staticmethod
+    def bytes_per_page(kv_heads: int, page_size: int, head_dim: int) -> int:
+        return 2 * kv_heads * page_size * head_dim * 4
 
     @property
     def num_pages(self) -> int:

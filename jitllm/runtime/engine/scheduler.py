@@ -53,3 +53,30 @@ class PageAllocator:
         if max_pages is not None:
             want = min(want, max_pages)
         return want if want - self.capacity >= short else None
+
+
+@dataclass
+class SequencePlan:
+    """What a batch step plan knows of one sequence, as integers: its prompt's length, how much of it has
+    run, and whether a sampled token waits to be fed (it decodes)."""
+
+    id: int
+    prompt: int
+    fed: int = 0
+    decoding: bool = False
+
+
+def plan_step(sequences: list[SequencePlan], token_budget: int, max_sequences: int) -> list[tuple[int, int]]:
+    """(sequence id, tokens) of the next batched step: every decoding sequence one token (in order), then
+    chunks of the prompts not yet run, first come first served, while the step has fewer than
+    `token_budget` tokens and `max_sequences` sequences (chunked prefill mixed with decode)."""
+    plan = [(s.id, 1) for s in sequences if s.decoding][:max_sequences]
+    left = token_budget - len(plan)
+    for s in sequences:
+        if left <= 0 or len(plan) >= max_sequences:
+            break
+        if not s.decoding and s.fed < s.prompt:
+            take = min(s.prompt - s.fed, left)
+            plan.append((s.id, take))
+            left -= take
+    return plan

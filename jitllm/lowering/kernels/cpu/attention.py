@@ -12,21 +12,9 @@ from tvm.script import tirx as T
 from jitllm.ir.config import BlockKind
 
 
-def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
-    """Causal attention of S new queries over `past` paged positions plus the S new keys.
-
-    Parallel over (sequence, query, head); per work item an online softmax over tiles of P keys (one page
-    of history, or P of the new keys): P scores (vectorised over the head dimension), one rescale of the
-    running output per tile, then the weighted values. The running output lives in `out` itself and the
-    running max / denominator in a scratch indexed by the work item, so nothing is allocated per item.
-    f32 throughout (both kernel families use it)."""
-    c, P = kind.config, kind.page_size
-    H, HKV, D = c.heads, c.kv_heads, c.head_dim
-    if D % 8:
-        return _attention_serial(kind)
-    GROUP = H // HKV
-    scale = 1.0 / (D ** 0.5)
-    symbol = f"jl_paged_attention_h{H}_kv{HKV}_d{D}_p{P}_par"
+def _tile_macro(P: int, D: int, scale: float):
+    """One tile of up to P keys of an online softmax (see attention_kernel), for one work item's query
+    at q[b, s, h] (its output row and scratch at the same index)."""
     VD = f"float32x{D}"
 
     def dot(qv, kb, kidx):
@@ -52,6 +40,27 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
             st[b, s, h, 1] = st[b, s, h, 1] + sc[b, s, h, j]
             out[b, s, h, T.ramp(0, 1, D)] = (out[b, s, h, T.ramp(0, 1, D)]
                                              + T.Broadcast(sc[b, s, h, j], D) * vb.vload(vidx(a0, a1, i, j), VD))
+
+    return tile
+
+
+def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """Causal attention of S new queries over `past` paged positions plus the S new keys.
+
+    Parallel over (sequence, query, head); per work item an online softmax over tiles of P keys (one page
+    of history, or P of the new keys): P scores (vectorised over the head dimension), one rescale of the
+    running output per tile, then the weighted values. The running output lives in `out` itself and the
+    running max / denominator in a scratch indexed by the work item, so nothing is allocated per item.
+    f32 throughout (both kernel families use it)."""
+    c, P = kind.config, kind.page_size
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    if D % 8:
+        return _attention_serial(kind)
+    GROUP = H // HKV
+    scale = 1.0 / (D ** 0.5)
+    symbol = f"jl_paged_attention_h{H}_kv{HKV}_d{D}_p{P}_par"
+
+    tile = _tile_macro(P, D, scale)
 
     @T.macro
     def item_attention(q, k, v, pages, pt, past, out, st, sc, item):
@@ -97,6 +106,75 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         else:
             for item in T.parallel(B * S * H):
                 item_attention(q, k, v, pages, pt, past, out, st, sc, item)
+
+    return symbol, f.with_attr("global_symbol", symbol)
+
+
+def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | None:
+    """RaggedPagedAttention (jitllm.ir.ops): the rows of several sequences, each row a work item of
+    attention_kernel's online softmax over its own sequence's pages and earlier new rows, so a row's
+    output is computed exactly as it is when its sequence runs alone. Rows are mapped to their sequence
+    once per call (a serial pass over seq_starts). None for head dims the vector kernel does not take."""
+    c, P = kind.config, kind.page_size
+    H, HKV, D = c.heads, c.kv_heads, c.head_dim
+    if D % 8:
+        return None
+    GROUP = H // HKV
+    scale = 1.0 / (D ** 0.5)
+    symbol = f"jl_ragged_attention_h{H}_kv{HKV}_d{D}_p{P}"
+    tile = _tile_macro(P, D, scale)
+
+    @T.macro
+    def row_attention(q, k, v, pages, pt, past, starts, seq_of, out, st, sc, item):
+        t: T.let = item // H
+        h: T.let = item % H
+        kv: T.let = h // GROUP
+        b: T.let = T.Cast("int64", seq_of[t])
+        first: T.let = T.Cast("int64", starts[b])
+        s: T.let = t - first
+        n: T.let = T.Cast("int64", past[b])
+        st[0, t, h, 0] = T.float32(-3.0e38)
+        st[0, t, h, 1] = T.float32(0)
+        out[0, t, h, T.ramp(0, 1, D)] = T.Broadcast(T.float32(0), D)
+        for i in T.serial((n + P - 1) // P):
+            page: T.let = T.Cast("int64", pt[b, i])
+            tile(q, pages, pages, out, st, sc, 0, t, h, _page_k, _page_v, page, kv, i,
+                 T.min(n - i * P, T.int64(P)))
+        for i in T.serial((s + P) // P):
+            tile(q, k, v, out, st, sc, 0, t, h, _new_kv, _new_kv, 0, kv, first + i * P,
+                 T.min(s + 1 - i * P, T.int64(P)))
+        inv: T.let = T.float32(1) / st[0, t, h, 1]
+        out[0, t, h, T.ramp(0, 1, D)] = out[0, t, h, T.ramp(0, 1, D)] * T.Broadcast(inv, D)
+
+    @T.prim_func
+    def f(q_h: T.handle, k_h: T.handle, v_h: T.handle, pages_h: T.handle, pt_h: T.handle, past_h: T.handle,
+          starts_h: T.handle, out_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        NR = T.int64()
+        B = T.int64()
+        B1 = T.int64()
+        NP = T.int64()
+        MP = T.int64()
+        q = T.match_buffer(q_h, (1, NR, H, D), "float32")
+        k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
+        v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pt = T.match_buffer(pt_h, (B, MP), "int32")
+        past = T.match_buffer(past_h, (B,), "int32")
+        starts = T.match_buffer(starts_h, (B1,), "int32")
+        out = T.match_buffer(out_h, (1, NR, H, D), "float32")
+        st = T.alloc_buffer((1, NR, H, 3), "float32")
+        sc = T.alloc_buffer((1, NR, H, P), "float32")
+        seq_of = T.alloc_buffer((NR,), "int32")
+        for b in T.serial(B):
+            for t in T.serial(T.Cast("int64", starts[b]), T.Cast("int64", starts[b + 1])):
+                seq_of[t] = T.Cast("int32", b)
+        if NR * H * (T.Cast("int64", past[0]) + NR) < SERIAL_WORK:
+            for item in T.serial(NR * H):
+                row_attention(q, k, v, pages, pt, past, starts, seq_of, out, st, sc, item)
+        else:
+            for item in T.parallel(NR * H):
+                row_attention(q, k, v, pages, pt, past, starts, seq_of, out, st, sc, item)
 
     return symbol, f.with_attr("global_symbol", symbol)
 
@@ -235,5 +313,38 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
             for dd in T.vectorized(D):
                 pages[page, 0, h, pos % P, dd] = k[b, s, h, dd]
                 pages[page, 1, h, pos % P, dd] = v[b, s, h, dd]
+
+    return symbol, f.with_attr("global_symbol", symbol)
+
+
+def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
+    """Write each sequence's new K/V rows (rows seq_starts[b] .. seq_starts[b+1]-1 of a ragged step) at its
+    positions past[b] .. (in place)."""
+    c, P = kind.config, kind.page_size
+    HKV, D = c.kv_heads, c.head_dim
+    symbol = f"jl_kv_append_ragged_kv{HKV}_d{D}_p{P}"
+
+    @T.prim_func
+    def f(pages_h: T.handle, k_h: T.handle, v_h: T.handle, pt_h: T.handle, past_h: T.handle, starts_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        NR = T.int64()
+        B = T.int64()
+        B1 = T.int64()
+        NP = T.int64()
+        MP = T.int64()
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
+        v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
+        pt = T.match_buffer(pt_h, (B, MP), "int32")
+        past = T.match_buffer(past_h, (B,), "int32")
+        starts = T.match_buffer(starts_h, (B1,), "int32")
+        for b in T.serial(B):
+            for t in T.serial(T.Cast("int64", starts[b]), T.Cast("int64", starts[b + 1])):
+                for h in T.serial(HKV):
+                    pos: T.let = T.Cast("int64", past[b]) + t - T.Cast("int64", starts[b])
+                    page: T.let = T.Cast("int64", pt[b, pos // P])
+                    for dd in T.vectorized(D):
+                        pages[page, 0, h, pos % P, dd] = k[0, t, h, dd]
+                        pages[page, 1, h, pos % P, dd] = v[0, t, h, dd]
 
     return symbol, f.with_attr("global_symbol", symbol)

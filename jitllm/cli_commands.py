@@ -1,5 +1,6 @@
 """The explicit list of CLI verbs (no import magic)."""
 
+from jitllm.commands.batch import batch
 from jitllm.commands.chat import chat
 from jitllm.commands.compile import compile_command
 from jitllm.commands.convert import convert
@@ -10,5 +11,5 @@ from jitllm.commands.speed import speed
 from jitllm.commands.tokenize import tokenize
 from jitllm.commands.verify import verify
 
-COMMANDS = [run, chat, convert, compile_command, verify, speed, hardware, tokenize]
+COMMANDS = [run, chat, convert, compile_command, verify, speed, batch, hardware, tokenize]
 DAEMON_COMMANDS = [serve, models, sessions, place]

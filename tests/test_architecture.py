@@ -17,7 +17,7 @@ PARTS = {
     "runtime": "jitllm.runtime",
     "tokenizer": "jitllm.tokenizer",
     "convert": "jitllm.convert",
-    "api": ("jitllm.model", "jitllm.checked_model", "jitllm.chat", "jitllm.speed", "jitllm.verify",
+    "api": ("jitllm.model", "jitllm.checked_model", "jitllm.chat", "jitllm.speed", "jitllm.batch_bench", "jitllm.verify",
             "jitllm.random_model", "jitllm.default_model"),
     "server": "jitllm.server",
     "cli": ("jitllm.cli", "jitllm.cli_commands", "jitllm.commands", "jitllm.__main__"),

@@ -97,24 +97,81 @@ def batched_forward(ex, work: list[tuple[object, list[int]]]) -> np.ndarray:
     return source.download(logits)[0]
 
 
+TABLE_WIDTH_STEP = 16
+"""Page-table columns are rounded up to a multiple of this (256 positions at 16 per page), so a decode
+batch keeps its staged inputs for many steps."""
+
+
+ALIGN = 16
+"""Elements (of 4 bytes) each staged input starts at a multiple of: kernels take 64-byte aligned data."""
+
+
+def _aligned(count: int) -> int:
+    return -(-count // ALIGN) * ALIGN
+
+
+class RaggedInputs:
+    """A batched step's small inputs on one device as views of two buffers (int32: each session's history
+    length, first rows and last row, and every block's page table; float32: cos and sin of each row),
+    written with one copy each per step and laid out afresh only when the batch's shape changes (one upload
+    per input per block was half of the step's host time)."""
+
+    def __init__(self, device: Device, sessions: int, rows: int, width: int, blocks: int, half: int) -> None:
+        self.shape = (sessions, rows, width, blocks)
+        self.device = device
+        sizes = [(sessions,), (sessions + 1,), (sessions,)] + [(sessions, width)] * blocks
+        self._int_at = np.cumsum([0] + [_aligned(int(np.prod(s))) for s in sizes]).tolist()
+        self.ints = np.zeros(self._int_at[-1], np.int32)
+        self._float_at = _aligned(rows * half)
+        self.floats = np.zeros(2 * self._float_at, np.float32)
+        self.int_tensor = device.empty(self.ints.shape, "int32")
+        self.float_tensor = device.empty(self.floats.shape, "float32")
+        self.past, self.starts, self.last, *self.tables = device.aliases(
+            self.int_tensor, tuple((shape, "int32", 4 * at) for shape, at in zip(sizes, self._int_at)))
+        self.cos, self.sin = device.aliases(self.float_tensor, (((1, rows, half), "float32", 0),
+                                                                ((1, rows, half), "float32", 4 * self._float_at)))
+
+    def fill(self, rows: RaggedRows, tables: list[list[list[int]]], cos: np.ndarray, sin: np.ndarray) -> None:
+        """This step's values (`tables`: per block, each session's page ids), in two copies."""
+        sessions, count, width, _ = self.shape
+        ints, at = self.ints, self._int_at
+        ints[at[0]:at[0] + sessions] = rows.past
+        ints[at[1]:at[1] + sessions + 1] = rows.starts
+        ints[at[2]:at[2] + sessions] = rows.last
+        for b, block in enumerate(tables):
+            grid = ints[at[3 + b]:at[3 + b] + sessions * width].reshape(sessions, width)
+            for i, ids in enumerate(block):
+                grid[i, : len(ids)] = ids
+        n = count * cos.shape[1]
+        self.floats[:n] = cos[rows.positions].ravel()
+        self.floats[self._float_at:self._float_at + n] = sin[rows.positions].ravel()
+        self.device.write(self.int_tensor, ints)
+        self.device.write(self.float_tensor, self.floats)
+
+
+def staged_inputs(ex, segment: Segment, work, rows: RaggedRows) -> RaggedInputs:
+    dev = segment.device
+    tables = [[session.tables[unit.index].ids for session, _ in work] for unit in segment.blocks]
+    longest = max((len(ids) for block in tables for ids in block), default=1)
+    width = -(-max(longest, 1) // TABLE_WIDTH_STEP) * TABLE_WIDTH_STEP
+    shape = (len(work), len(rows.positions), width, len(segment.blocks))
+    staged = ex._ragged_inputs.get(dev.name)
+    if staged is None or staged.shape != shape:
+        staged = ex._ragged_inputs[dev.name] = RaggedInputs(dev, *shape, ex.layout.config.head_dim // 2)
+    staged.fill(rows, tables, *ex.rope)
+    return staged
+
+
 def _run_segment(ex, work, segment: Segment, x, source: Device | None, rows: RaggedRows):
     dev = segment.device
     h = dev.upload(x) if isinstance(x, np.ndarray) else dev.receive(x, source)
-    cos, sin = ex.rope
-    cos_t, sin_t = dev.upload(cos[rows.positions][None]), dev.upload(sin[rows.positions][None])
-    past_t, starts_t = dev.upload(rows.past), dev.upload(rows.starts)
-    for unit in segment.blocks:
-        tables = [session.tables[unit.index] for session, _ in work]
-        pool = tables[0].pool
-        width = max(len(t.ids) for t in tables)
-        pt = np.zeros((len(tables), width), np.int32)
-        for i, table in enumerate(tables):
-            pt[i, : len(table.ids)] = table.ids
-        pt_t = dev.upload(pt)
+    staged = staged_inputs(ex, segment, work, rows)
+    for unit, pt in zip(segment.blocks, staged.tables):
+        pages = ex.pools[dev.name].pages
         program = ragged_program(ex, unit)
-        h, k, v = program.main(h, cos_t, sin_t, pool.pages, pt_t, past_t, starts_t, *unit.weights)
-        program.append(pool.pages, k, v, pt_t, past_t, starts_t)
+        h, k, v = program.main(h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts, *unit.weights)
+        program.append(pages, k, v, pt, staged.past, staged.starts)
     if segment.head is None:
         return h, None
     head = ragged_program(ex, segment.head)
-    return h, head.main(h, dev.upload(rows.last), *segment.head.weights)
+    return h, head.main(h, staged.last, *segment.head.weights)

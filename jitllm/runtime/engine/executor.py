@@ -39,6 +39,8 @@ class Executor:
         self._placed: dict[tuple[int | str, str], tuple[BlockKind, Program, Program | None]] = {}
         self._ragged: dict[tuple[int | str, str], Program] = {}
         """(unit, device name) -> the unit's ragged variant there (batched steps; loaded at first use)."""
+        self._ragged_inputs: dict[str, batched.RaggedInputs] = {}
+        """Per device: a batched step's staged small inputs, kept while the batch's shape holds."""
         self.pools: dict[str, PagePool] = {}
         cfg = layout.config
         self.rope = rope_tables(cfg, ctx)

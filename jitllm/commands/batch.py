@@ -34,6 +34,8 @@ def batch(model_path, batches, prompt_tokens, gen_tokens, reps, token_budget, as
     from jitllm.batch_bench import HEADER, json_row, measure, table_row, warm_up
 
     ctx = flags["ctx"] or prompt_tokens + gen_tokens + 8
+    if prompt_tokens + gen_tokens + 1 > ctx:  # (before loading; the model's own context is checked after)
+        raise click.UsageError(f"-p {prompt_tokens} -n {gen_tokens} do not fit the context of {ctx}")
     model = load_model(model_path, flags, ctx=ctx, gpu_grow=False, tune_seam=False)
     if prompt_tokens + gen_tokens + 1 > model.executor.ctx:
         raise click.UsageError(f"-p {prompt_tokens} -n {gen_tokens} do not fit the context of {model.executor.ctx}")

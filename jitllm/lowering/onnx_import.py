@@ -275,6 +275,13 @@ def _recurrence_converter(kind: BlockKind, target):
     return _converter(gated_recurrence)
 
 
+def _row_gather(bb, inputs, attr, params):
+    """A ragged head's one Gather (its sessions' last rows, never negative): out-of-range indices clipped
+    rather than read out of bounds (TVM's default `take` trusts them, and says so at every compile)."""
+    data, indices = [bb.normalize(i) for i in inputs]
+    return relax.op.take(data, indices, attr.get("axis", 0), mode="clip")
+
+
 @contextlib.contextmanager
 def _custom_ops(kind: BlockKind, target):
     extra = {linear_op(w, family): _linear_converter(family, w, target)
@@ -283,6 +290,8 @@ def _custom_ops(kind: BlockKind, target):
     extra[PAGED_ATTENTION] = _converter(_attention(kind, target))
     extra[ROTARY_ATTENTION] = _converter(_rotary_attention(kind, target))
     extra[RAGGED_ATTENTION] = _converter(_ragged_attention(kind, target))
+    if kind.ragged and block_type(kind).head:
+        extra["Gather"] = _converter(_row_gather)
     extra[GATED_RECURRENCE] = _recurrence_converter(kind, target)
     with _PATCH_LOCK:
         original = onnx_frontend._get_convert_map

@@ -143,3 +143,27 @@ def test_recurrent_blocks_are_refused(tiny_hybrid_model, cache_dir):
     model = jm.load(tiny_hybrid_model, devices="cpu", cache_dir=cache_dir)
     with pytest.raises(JitllmError, match="recurrent state"):
         BatchRunner(model.executor)
+
+
+def test_device_failure_mid_batch_recomputes_and_keeps_the_tokens(tiny_model, cache_dir):
+    """A device whose launch fails mid-step: every unit comes home and only then is KV recomputed (counted);
+    every request still gets the tokens it gets alone."""
+    from jitllm.runtime.backends.fake import with_faults
+
+    sim = with_faults(simulated_device("sim:0"))
+    model = jm.load(tiny_model, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir, extra_devices=[sim])
+    model.move("1", "sim:0")
+    ps = prompts(3)
+    expected = [alone(model, p, 8)[0] for p in ps]
+    logged: list[str] = []
+    runner = BatchRunner(model.executor, log=logged.append, fall_back=model.fall_back_to_host)
+    requests = [runner.submit(p, 8, greedy()) for p in ps]
+    for _ in range(3):
+        runner.step()
+    held = sum(r.session.length for r in requests)
+    sim.backend.faults.launch = True
+    runner.run()
+    assert [r.output for r in requests] == expected
+    assert runner.stats.recomputed_tokens == held
+    assert all(u.device.name == "host" for u in [*model.executor.blocks, model.executor.head])
+    assert any("sim:0" in line and "recomputing" in line for line in logged)

@@ -2,14 +2,16 @@
 token, prompt chunks under a token budget) runs as one batched step (batched.py), its logits sampled per
 request. Where a pool is full, prompts wait; where a decoding request cannot get a page, the request
 admitted last is spilled to the host (spill.py) and resumed before any new prompt is admitted, so no KV
-is ever recomputed to make room."""
+is ever recomputed to make room. The one recompute: a device that fails mid-step (its memory cannot be
+read) sends every unit home (`fall_back`), and each request held in the pools prefills its history again
+(counted, and said through `log`); spilled requests keep their host copy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from jitllm.core.errors import JitllmError
+from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.runtime.engine import spill as spilling
 from jitllm.runtime.engine.batched import check_batchable
 from jitllm.runtime.engine.kv import try_room
@@ -30,6 +32,8 @@ class BatchRequest:
     stop_ids: frozenset[int]
     session: Session
     plan: SequencePlan
+    feed: list[int] = field(default_factory=list)
+    """The tokens it prefills: its prompt, or after a device failure its whole history."""
     output: list[int] = field(default_factory=list)
     pending: int | None = None
     """The token sampled last, fed at its next step."""
@@ -38,6 +42,8 @@ class BatchRequest:
     """The step it first ran in (-1: not yet); the request admitted last is spilled first."""
     finished: str | None = None
     """DONE_STOP, DONE_LENGTH or DONE_CONTEXT once it has finished."""
+    resume_token: int | None = None
+    """After a device failure: the token it was about to feed when its history is prefilled again."""
 
 
 @dataclass
@@ -51,19 +57,21 @@ class BatchStats:
     resumes: int = 0
     spilled_bytes: int = 0
     recomputed_tokens: int = 0
-    """Tokens whose KV was computed again: making room never does; only a failed device's would."""
+    """Positions whose KV was lost and computed again: making room never does; only a failed device's."""
 
 
 class BatchRunner:
     """Requests in, tokens out, one batched step at a time (`step`), on one executor's units."""
 
     def __init__(self, executor, token_budget: int = 512, max_sequences: int = 64,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, fall_back: Callable[[], list[str]] | None = None) -> None:
+        """`fall_back`: brings every unit home after a device failure (Model.fall_back_to_host); without it a
+        device failure ends the run."""
         if token_budget < 1 or max_sequences < 1:
             raise JitllmError("a batched step needs a token budget and a sequence limit of at least 1")
         check_batchable(executor)
         self.ex = executor
-        self.token_budget, self.max_sequences, self.log = token_budget, max_sequences, log
+        self.token_budget, self.max_sequences, self.log, self.fall_back = token_budget, max_sequences, log, fall_back
         self.requests: list[BatchRequest] = []
         self.stats = BatchStats()
 
@@ -76,7 +84,7 @@ class BatchRunner:
         if len(prompt) >= self.ex.ctx:
             raise JitllmError(f"a prompt of {len(prompt)} tokens does not fit the context of {self.ex.ctx}")
         request = BatchRequest(len(self.requests), list(prompt), max_tokens, sampler, frozenset(stop_ids),
-                               self.ex.new_session(), SequencePlan(len(self.requests), len(prompt)))
+                               self.ex.new_session(), SequencePlan(len(self.requests), len(prompt)), list(prompt))
         self.requests.append(request)
         return request
 
@@ -90,7 +98,13 @@ class BatchRunner:
         work = self._make_room(self._plan())
         if not work:
             raise JitllmError("no request can run: the KV pools have no room for any of them")
-        logits = self.ex.batched_forward([(r.session, ids) for r, ids in work])
+        try:
+            logits = self.ex.batched_forward([(r.session, ids) for r, ids in work])
+        except DeviceFault as fault:
+            if self.fall_back is None:
+                raise
+            self._recover(fault)
+            return []
         self.stats.steps += 1
         self.stats.largest_step = max(self.stats.largest_step, len(work))
         events = []
@@ -102,7 +116,10 @@ class BatchRunner:
             else:
                 request.plan.fed += len(ids)
                 self.stats.prefill_tokens += len(ids)
-                if request.plan.fed < len(request.prompt):
+                if request.plan.fed < request.plan.prompt:
+                    continue
+                if request.resume_token is not None:  # its history is back: go on where it was
+                    request.pending, request.plan.decoding, request.resume_token = request.resume_token, True, None
                     continue
             token = request.sampler(row)
             if token in request.stop_ids:
@@ -132,7 +149,7 @@ class BatchRunner:
         out = []
         for rid, count in plan:
             r = by_id[rid]
-            out.append((r, [r.pending] if r.plan.decoding else r.prompt[r.plan.fed:r.plan.fed + count]))
+            out.append((r, [r.pending] if r.plan.decoding else r.feed[r.plan.fed:r.plan.fed + count]))
         return out
 
     def _make_room(self, plan: list[tuple[BatchRequest, list[int]]]) -> list[tuple[BatchRequest, list[int]]]:
@@ -184,6 +201,21 @@ class BatchRunner:
             if self.log:
                 self.log(f"batch: resumed request {request.id} from the host ({request.spilled.positions} positions)")
             request.spilled = None
+
+    def _recover(self, fault: DeviceFault) -> None:
+        """Every unit home (the sessions' histories there are gone); each request that held KV prefills its
+        history again and then goes on from the token it was about to feed."""
+        again = [r for r in self.unfinished if r.spilled is None and r.session.length]
+        lost = sum(r.session.length for r in again)
+        left = self.fall_back()
+        self.stats.recomputed_tokens += lost
+        for r in again:
+            if r.plan.decoding:
+                r.feed, r.resume_token = r.prompt + r.output[:-1], r.pending
+            r.plan.prompt, r.plan.fed, r.plan.decoding, r.pending = len(r.feed), 0, False, None
+        if self.log:
+            self.log(f"warning: {fault}; {', '.join(left)} left, its blocks now on the host: recomputing the KV of "
+                     f"{len(again)} requests ({lost} positions)")
 
     def _finish(self, request: BatchRequest, why: str) -> None:
         request.finished = why

@@ -19,6 +19,7 @@ class SpilledKV:
     """A session's KV pages by block, on the host."""
 
     positions: int
+    tokens: list[int]
     pages: dict[int, np.ndarray]
     """Block index -> its pages' contents [pages, 2, kv_heads, page_size, head_dim], in position order."""
 
@@ -46,7 +47,7 @@ def spill(ex, session) -> SpilledKV:
     session.arenas.clear()
     session.step_inputs.clear()
     session.kv_room = 0
-    return SpilledKV(session.length, pages)
+    return SpilledKV(session.length, list(session.tokens), pages)
 
 
 def resume(ex, session, spilled: SpilledKV) -> bool:
@@ -73,5 +74,6 @@ def resume(ex, session, spilled: SpilledKV) -> bool:
         unit.program.import_pages(table.pool.pages, dev.upload(np.asarray(table.ids, np.int32)),
                                   dev.upload(spilled.pages[index]))
         session.tables[index] = table
+    session.length, session.tokens = spilled.positions, list(spilled.tokens)  # (a fall-back reset the session)
     session.kv_room = 0
     return True

@@ -2,9 +2,11 @@
 choice to generate) and calls (a placement move, a look at the sessions) and read what comes back.
 
 Each turn of the loop runs the calls posted since the last turn, admits waiting jobs into free slots (a
-session from the prefix cache each), then runs one step of every busy slot in turn: continuous batch-1
-steps, so every stream moves on a token per turn. Jobs beyond the busy slots wait in a bounded queue; a
-full queue is a 429, never a drop."""
+session from the prefix cache each), then moves every busy slot on: with two or more busy and a model
+whose blocks take batched steps, one batched step for all of them (each decoding slot one token, prompts
+in chunks beside them: docs/batching.md); with one (or a model that cannot batch), its batch-1 step
+(pipelined greedy decode where it can). Every stream moves on a token per turn. Jobs beyond the busy
+slots wait in a bounded queue; a full queue is a 429, never a drop."""
 
 from __future__ import annotations
 
@@ -98,6 +100,7 @@ class Slot:
     cached: int
     sampler: Sampler
     tokens: Iterator[int] | None = None
+    """Its batch-1 generation; None while it is served by batched steps."""
     generated: list[int] = field(default_factory=list)
     last_token_at: float = 0.0
 
@@ -110,6 +113,8 @@ class EngineSettings:
     cache_bytes: int | None = None
     verbose: bool = False
     """Print every message of the load (-v: the plan too), not only compile, cache, move and fallback events."""
+    token_budget: int = 512
+    """Tokens per batched step (decoding slots one each, prompt chunks in the rest)."""
 
 
 class Engine:
@@ -130,6 +135,9 @@ class Engine:
         self.accepting = True
         self._stopping = False
         self._slots: list[Slot] = []
+        self._batching = False
+        """The model's blocks take batched steps (engine/batched.py: KV-page blocks on targets with ragged
+        kernels); found once it is loaded."""
         self._thread = threading.Thread(target=self._run, name="jitllm-engine", daemon=True)
         self.on_failure: Callable[[str], None] = lambda message: None
 
@@ -192,6 +200,7 @@ class Engine:
             from jitllm.server.prefix_cache import PrefixCache  # (after the model: the engine's modules import TVM)
 
             self.cache = PrefixCache(self.model.executor, self.settings.cache_sessions, self.settings.cache_bytes)
+            self._batching = self.settings.parallel > 1 and batchable(self.model.executor)
         except Exception as e:  # noqa: BLE001 (a load that fails for any reason ends the server in one line)
             self.stage = f"failed: {e}"
             self.on_failure(str(e) if isinstance(e, JitllmError) else f"{type(e).__name__}: {e}")
@@ -220,8 +229,13 @@ class Engine:
             for fn, future in calls:
                 self._answer(fn, future)
             self._admit()
-            for slot in list(self._slots):
-                self._step(slot)
+            if self._batching and len(self._slots) > 1:
+                self._batched_turn()
+            else:
+                for slot in list(self._slots):
+                    if slot.tokens is None:  # (it was in batched steps until now)
+                        self._begin(slot)
+                    self._step(slot)
             self.metrics.observe_kv(self.model.executor, self.cache)
         for slot in list(self._slots):
             self._finish(slot, "cancelled")
@@ -286,6 +300,58 @@ class Engine:
         if token is None:
             self._finish(slot, "length" if len(slot.generated) >= slot.job.max_tokens else "stop")
             return
+        self._deliver(slot, token)
+
+    def _batched_turn(self) -> None:
+        """One batched step for every busy slot: a slot leaving its batch-1 generation gives back what that
+        ran ahead (the last token it delivered is fed again), then each slot feeds what its session lacks
+        of its prompt and tokens (scheduler.plan_step: decoding slots first, prompt chunks under the
+        budget); a slot whose history is all in sees its next token sampled."""
+        from jitllm.runtime.engine.scheduler import SequencePlan, plan_step
+
+        ex = self.model.executor
+        for slot in list(self._slots):
+            if slot.job.cancelled:
+                self._finish(slot, "cancelled")
+        histories = {}
+        for slot in self._slots:
+            history = histories[id(slot)] = slot.job.prompt + slot.generated
+            if slot.tokens is not None:
+                _close(slot)
+                slot.tokens = None
+            if slot.session.length >= len(history):
+                ex.truncate_session(slot.session, len(history) - 1)
+        plans = [SequencePlan(i, len(histories[id(slot)]), slot.session.length,
+                              decoding=bool(slot.generated) and len(histories[id(slot)]) - slot.session.length == 1)
+                 for i, slot in enumerate(self._slots)]
+        plan = plan_step(plans, self.settings.token_budget, len(plans))
+        work = [(self._slots[i], histories[id(self._slots[i])][self._slots[i].session.length:][:count])
+                for i, count in plan]
+        try:
+            logits = ex.batched_forward([(slot.session, ids) for slot, ids in work])
+        except DeviceFault as fault:
+            self._fall_back(fault)
+            return
+        except Exception as e:  # noqa: BLE001 (the step's requests fail; the server goes on)
+            if not isinstance(e, JitllmError):
+                traceback.print_exc(file=sys.stderr)
+            for slot, _ in work:
+                self._fail(slot, str(e))
+            return
+        self.metrics.batched_steps.inc()
+        self.metrics.batched_rows.inc(len(work))
+        for (slot, _), row in zip(work, logits):
+            if slot.session.length < len(histories[id(slot)]):
+                continue  # (a prompt chunk: more of it next turn)
+            token = slot.sampler(row)
+            if not slot.job.ignore_eos and token in self.model.tokenizer.stop_token_ids:
+                self._finish(slot, "stop")
+                continue
+            self._deliver(slot, token)
+            if len(slot.generated) >= slot.job.max_tokens:
+                self._finish(slot, "length")
+
+    def _deliver(self, slot: Slot, token: int) -> None:
         now = time.perf_counter()
         if slot.generated:
             self.metrics.inter_token.observe(now - slot.last_token_at)
@@ -304,7 +370,8 @@ class Engine:
                 self._fail(slot, f"{fault} (-no-gpu-fallback is set)")
             return
         for slot in self._slots:
-            _close(slot)
+            if slot.tokens is not None:
+                _close(slot)
         self._log(f"warning: {fault}; finishing on the CPU")
         self.model.fall_back_to_host()
         for slot in self._slots:
@@ -333,5 +400,18 @@ class Engine:
 
 def _close(slot: Slot) -> None:
     """End the slot's generator (a pipelined step launched ahead is waited for and not counted)."""
+    if slot.tokens is None:
+        return
     with contextlib.suppress(DeviceFault):  # (a step launched ahead on a device that failed)
         slot.tokens.close()
+
+
+def batchable(executor) -> bool:
+    """Whether the model's units take batched steps (all KV-page blocks, on targets with ragged kernels)."""
+    from jitllm.runtime.engine.batched import check_batchable
+
+    try:
+        check_batchable(executor)
+    except JitllmError:
+        return False
+    return True

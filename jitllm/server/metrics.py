@@ -26,6 +26,9 @@ class Metrics:
         self.kv_pool_pages = Gauge("jitllm_kv_pool_pages", "KV pages in the device's pool", ["device"], registry=r)
         self.kv_bytes = Gauge("jitllm_kv_bytes", "KV bytes held by sessions", ["device"], registry=r)
         self.cached_sessions = Gauge("jitllm_sessions", "Sessions kept (busy and idle)", registry=r)
+        self.batched_steps = Counter("jitllm_batched_steps", "Batched steps (one step for several slots)", registry=r)
+        self.batched_rows = Counter("jitllm_batched_sessions", "Slots served by batched steps, summed over the steps",
+                                    registry=r)
         self.moves = Counter("jitllm_moves", "Units (blocks, head) moved between devices", registry=r)
         self.moved_bytes = Counter("jitllm_moved_bytes", "Weight and KV bytes moved", registry=r)
 

@@ -300,6 +300,9 @@ def test_metrics_count_requests_tokens_latency_and_kv(server):
     assert samples["jitllm_time_to_first_token_seconds_count"] > 0 and samples["jitllm_inter_token_latency_seconds_count"] > 0
     assert samples['jitllm_kv_pages{device="host"}'] > 0 and samples['jitllm_kv_bytes{device="host"}'] > 0
     assert "jitllm_queue_depth" in samples and "jitllm_moves_total" in samples
+    # the concurrent streams above were served by batched steps of several slots each
+    assert samples["jitllm_batched_steps_total"] > 0
+    assert samples["jitllm_batched_sessions_total"] >= 2 * samples["jitllm_batched_steps_total"]
 
 
 def test_sigterm_lets_a_stream_finish_and_exits_0(server):

@@ -29,6 +29,14 @@ def pool(ex, device: Device) -> PagePool:
     return ex.pools[device.name]
 
 
+def table_of(ex, session, unit) -> PageTable:
+    """The session's page table of `unit` (an empty one on the unit's device where it has none yet)."""
+    table = session.tables.get(unit.index)
+    if table is None:
+        table = session.tables[unit.index] = PageTable(ex.pool(unit.device), arena=session.arena(unit.device))
+    return table
+
+
 def pages_for(ex, session, unit, positions: int) -> PageTable:
     """The unit's page table holding `positions` positions. Where its device has no room for more pages
     (the pool says so, or the device's budget or allocator refuses a larger pool), `relocate` (if set)
@@ -36,9 +44,7 @@ def pages_for(ex, session, unit, positions: int) -> PageTable:
     ex.drain()
     ex._epoch += 1
     while True:
-        table = session.tables.get(unit.index)
-        if table is None:
-            table = session.tables[unit.index] = PageTable(ex.pool(unit.device), arena=session.arena(unit.device))
+        table = table_of(ex, session, unit)
         try:
             if table.ensure(positions):
                 return table
@@ -64,9 +70,7 @@ def try_room(ex, session, positions: int) -> bool:
     for unit in ex.blocks:
         if unit.state != KV_PAGES:
             continue
-        table = session.tables.get(unit.index)
-        if table is None:
-            table = session.tables[unit.index] = PageTable(ex.pool(unit.device), arena=session.arena(unit.device))
+        table = table_of(ex, session, unit)
         try:
             if not table.ensure(positions):
                 return False

@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,16 @@ class JlmFile:
         start = self.regions[t.region].offset + t.offset
         return np.frombuffer(self._map, dtype=t.dtype, count=int(np.prod(t.shape, dtype=np.int64)),
                              offset=start).reshape(t.shape)
+
+    def release_pages(self, names: Iterable[str]) -> None:
+        """Let go of the pages of these tensors that this process has read through the map. They stay in
+        the page cache and fault back in if read again; a unit's weights, once copied into their device's
+        buffer, are not held a second time as mapped pages."""
+        for name in names:
+            t = self.tensors[name]
+            start = self.regions[t.region].offset + t.offset
+            first = start - start % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, first, start + t.nbytes - first)
 
     def region_tensors(self, region: str) -> dict[str, np.ndarray]:
         return {n: self.tensor(n) for n, t in self.tensors.items() if t.region == region}

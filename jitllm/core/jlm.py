@@ -26,6 +26,7 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_validate import check_container, tensor_nbytes
+from jitllm.core.paths import special_kind
 
 MAGIC = b"JITLLM\x00\x01"
 VERSION = 1
@@ -69,8 +70,8 @@ class JlmFile:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        try:
-            f = open(self.path, "rb")
+        try:  # (non-blocking: opening a FIFO would wait for a writer; it is refused below)
+            f = os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), "rb")
         except FileNotFoundError:
             raise JitllmError(f"model file not found: {self.path}") from None
         except IsADirectoryError:
@@ -78,7 +79,11 @@ class JlmFile:
         except OSError as e:
             raise JitllmError(f"cannot read {self.path}: {e.strerror or e}") from None
         with f:
-            size = os.fstat(f.fileno()).st_size
+            info = os.fstat(f.fileno())
+            kind = special_kind(info.st_mode)
+            if kind is not None:
+                raise JitllmError(f"{self.path} is {kind}, not a .jlm model file")
+            size = info.st_size
             pre = f.read(_PREAMBLE.size)
             if len(pre) < _PREAMBLE.size:
                 raise JitllmError(f"{self.path}: not a .jlm model file (too short)")

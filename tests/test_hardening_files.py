@@ -229,6 +229,41 @@ def test_sigterm_during_convert_is_one_line_and_leaves_no_temporary_file(tmp_pat
     assert list(out.parent.iterdir()) == []
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)  # (the compile child leads its own process group: it and its link step)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_sigterm_during_a_compile_ends_it_and_leaves_nothing(tmp_path):
+    """The compile runs in a child (jitllm/lowering/compile_child.py): SIGTERM mid-compile ends the
+    command with one line and 143, the child and its process group are gone, nothing is left in the cache
+    (no artifact, no temporary directory). tests/lowering/test_compile_child.py shows it ends before
+    the work would have."""
+    from jitllm.random_model import write_random_model
+
+    model, cache = tmp_path / "tiny.jlm", tmp_path / "cache"
+    write_random_model(model, "tiny", "q4_1", seed=1)
+    proc = subprocess.Popen([sys.executable, "-m", "jitllm", "compile", "-cache", str(cache), str(model)],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _children(proc.pid), "the compile child", seconds=120)
+        child = _children(proc.pid)[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and stderr == "jitllm: error: terminated\n", (proc.returncode, stderr)
+    assert _gone(child)
+    assert [p for p in cache.rglob("*") if not p.is_dir() or p.name.startswith(".")] == []
+
+
 def test_a_later_convert_sweeps_dead_writers_temporary_files_but_not_live_ones(tmp_path):
     src = write_q8_gguf(tmp_path / "m.gguf", blocks=1)
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

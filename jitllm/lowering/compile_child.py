@@ -6,8 +6,9 @@ only waits on a pipe, which a signal interrupts at once: the handler's exception
 on its way out the child's process group (the child and the compiler it runs for the link) is killed and
 reaped, so nothing of the compile is left running and the artifact's temporary directory is removed by
 the caller's cleanup. The child is a fork (TVM is already imported: a fresh interpreter would spend
-seconds importing it), ignores SIGINT (the terminal sends Ctrl-C to the whole foreground group; the parent
-decides), and ends with os._exit (the parent's atexit handlers and buffered output stay the parent's).
+seconds importing it) in a process group of its own (out of the terminal's reach: the parent decides
+what Ctrl-C does), ignores SIGINT, is killed by the kernel if the parent dies without cleanup (SIGKILL),
+and ends with os._exit (the parent's atexit handlers and buffered output stay the parent's).
 
 Where fork cannot be relied on (not Linux: macOS frameworks are not fork-safe), the work runs in this
 process and a signal is handled when it returns.
@@ -15,6 +16,7 @@ process and a signal is handled when it returns.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -25,6 +27,7 @@ from jitllm.core.errors import JitllmError
 FORKS = sys.platform == "linux"
 """Whether work runs in a forked child (Linux) or in this process."""
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 
 
 def run_in_child(work: Callable[[], None]) -> None:
@@ -37,6 +40,7 @@ def run_in_child(work: Callable[[], None]) -> None:
     # SIGTERM and SIGINT are held back over the fork, so that one arriving then is raised inside the
     # `try` that kills the child (not between fork and try, which left the child compiling, an orphan).
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    parent = os.getpid()
     try:
         pid = os.fork()
     except BaseException:
@@ -46,7 +50,7 @@ def run_in_child(work: Callable[[], None]) -> None:
         raise
     if pid == 0:  # the child
         os.close(read)
-        _child(work, write, previous)
+        _child(work, write, previous, parent)
     try:
         os.close(write)
         try:
@@ -70,10 +74,11 @@ def run_in_child(work: Callable[[], None]) -> None:
     raise JitllmError(message.decode(errors="replace") or f"the compile process failed (exit status {code})")
 
 
-def _child(work: Callable[[], None], write: int, mask: set[signal.Signals]) -> None:
+def _child(work: Callable[[], None], write: int, mask: set[signal.Signals], parent: int) -> None:
     code, message = 0, ""
     try:
         os.setpgid(0, 0)  # (its own group: the parent kills the compiler's link step with it)
+        _die_with_parent(parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -86,6 +91,15 @@ def _child(work: Callable[[], None], write: int, mask: set[signal.Signals]) -> N
         os.write(write, message.encode())
     finally:
         os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this child when its parent dies (SIGKILL included, which runs no cleanup of
+    the parent's): an orphaned compile would go on for tens of seconds, into a directory the next writer
+    sweeps as a dead process's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
+        os._exit(3)  # (the parent is already gone, or the kernel refused: do not compile unwatched)
 
 
 def _read_all(fd: int) -> bytes:

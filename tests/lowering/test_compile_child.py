@@ -78,3 +78,28 @@ def test_work_done_in_the_child_is_seen_by_the_parent(tmp_path):
     out = tmp_path / "out"
     run_in_child(lambda: out.write_text("made"))
     assert out.read_text() == "made"
+
+
+def test_a_child_whose_parent_is_killed_dies_with_it(tmp_path):
+    """SIGKILL runs no cleanup in the parent; the kernel ends the child (PR_SET_PDEATHSIG), so no orphan
+    compile goes on into a directory the next writer sweeps."""
+    finished, unwound = tmp_path / "finished", tmp_path / "unwound"
+    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(finished), str(unwound)],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(children) and open(children).read().split()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the child never started"
+        time.sleep(0.02)
+    child = int(open(children).read().split()[0])
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.killpg(child, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the child outlived its killed parent"
+        time.sleep(0.05)
+    assert not finished.exists() and not unwound.exists()

@@ -229,9 +229,18 @@ def test_sigterm_during_convert_is_one_line_and_leaves_no_temporary_file(tmp_pat
     assert list(out.parent.iterdir()) == []
 
 
-def _children(pid: int) -> list[int]:
+def _forks(pid: int) -> list[int]:
+    """The children of `pid` that are forks of it (the same command line: the compile child; not the
+    other programs a command may run, such as pyenv's shim lookups)."""
+    def cmdline(p: int | str) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(c) for c in f.read().split()]
+        return [int(c) for c in f.read().split() if cmdline(c) == cmdline(pid)]
 
 
 def _gone(pid: int) -> bool:
@@ -254,8 +263,8 @@ def test_sigterm_during_a_compile_ends_it_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "jitllm", "compile", "-cache", str(cache), str(model)],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: _children(proc.pid), "the compile child", seconds=120)
-        child = _children(proc.pid)[0]
+        _wait_for(lambda: _forks(proc.pid), "the compile child", seconds=120)
+        child = _forks(proc.pid)[0]
     finally:
         proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)

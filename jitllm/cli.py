@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from typing import NoReturn
@@ -71,7 +72,8 @@ class _Group(click.Group):
 
     def _no_such_option(self, e: click.NoSuchOption, argv: list[str]) -> str:
         """The token the user typed (`-hello`, where click names the `-e` it could not match in the cluster),
-        and, for a verb that takes text, how to pass text that begins with '-'."""
+        and the option it looks like a typo of, else, for a verb that takes text, how to pass text that
+        begins with '-'."""
         name = e.option_name
         words = argv[: argv.index("--")] if "--" in argv else argv
         known = set() if e.ctx is None else {o for p in e.ctx.command.get_params(e.ctx) for o in p.opts + p.secondary_opts}
@@ -79,6 +81,9 @@ class _Group(click.Group):
         token = next((a for a in typed if a.split("=")[0] == name), None) or next(
             (a for a in typed if not a.startswith("--") and name.lstrip("-") in a[1:]), name)
         message = f"no such option: {token.split('=')[0]}"
+        close = difflib.get_close_matches(token.split("=")[0], sorted(o for o in known if not o.startswith("--")), 1)
+        if close:  # (a mistyped flag: -devicez)
+            return f"{message} (did you mean {close[0]}?)"
         if e.ctx is not None and isinstance(e.ctx.command, TextCommand):
             options, *arguments = e.ctx.command.collect_usage_pieces(e.ctx)
             message += (f" (text that begins with '-' goes after --: {self.prog} {e.ctx.info_name} {options} -- "

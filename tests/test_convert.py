@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zipfile
 from collections.abc import Callable
@@ -439,6 +440,11 @@ BAD_SOURCES = {
                      r"rope scaling 'dynamic' is not supported \(supported: linear, llama3, yarn\)"),
     "hf rope parameter": (lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}),
                           r"config\.json: rope_scaling lacks 'low_freq_factor' \(rope type 'llama3'\)"),
+    "hf yarn mscale_all_dim dividing by zero": (
+        lambda t: _hf_edit(t, {"rope_scaling": {"rope_type": "yarn", "factor": math.e, "mscale": 1.0,
+                                                "mscale_all_dim": -10.0}}),
+        r"^rope scaling mscale_all_dim -10\.0 with factor 2\.718281828459045 makes YaRN's attention factor "
+        r"divide by zero$"),
     "hf partial rotary": (lambda t: _hf_edit(t, {"partial_rotary_factor": 0.5}),
                           r"partial rotary embedding \(partial_rotary_factor 0.5\) is not supported"),
     "gguf rope type": (lambda t: _gguf_rope(t, gguf.RopeScalingType.LONGROPE),

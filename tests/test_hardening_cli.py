@@ -168,6 +168,8 @@ def test_messages_say_what_to_do(tiny_model, tmp_path):
     each one line."""
     hint = "text that begins with '-' goes after --: jitllm run [OPTIONS] -- [MODEL] PROMPT"
     assert_one_line_error(cli("run", *CPU, str(tiny_model), "-hello"), "no such option: -hello", hint)
+    typo = assert_one_line_error(cli("run", "-devicez", "cpu", str(tiny_model), "hi"), "no such option: -devicez")
+    assert typo.endswith("(did you mean -devices?)"), typo
     dashed = cli("run", *CPU, "-n", "2", "--", str(tiny_model), "-hello")
     assert dashed.exit_code == 0, dashed.stderr
     assert_one_line_error(cli("run", *CPU, "-vram", "2G", str(tiny_model), "hi"), "-vram 2G", "-devices cpu")

@@ -39,11 +39,25 @@ def hidden_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
 
+def synthetic_merges(tokens: list[str], count: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+    """`count` byte-level BPE merges over `tokens`' single characters and the tokens they make, as a real
+    vocabulary of that size has: half join two characters, half two of those pairs."""
+    chars, known = [t for t in tokens if len(t) == 1], set(tokens)
+    pairs = [p for i, j in zip(*divmod(rng.choice(len(chars) ** 2, count, replace=False), len(chars)))
+             if (p := chars[i] + chars[j]) not in known][:count // 2]
+    merges = [f"{p[0]} {p[1]}" for p in pairs]
+    quads: dict[str, str] = {}
+    while len(quads) < count - len(pairs):
+        i, j = rng.integers(len(pairs), size=2)
+        quads.setdefault(pairs[i] + pairs[j], f"{pairs[i]} {pairs[j]}")
+    return pairs + list(quads), merges + list(quads.values())
+
+
 def write_q8_gguf(path: Path, blocks: int, hidden: int = 64, ffn: int = 128, vocab: int = 264, heads: int = 4,
-                  kv_heads: int = 2) -> Path:
+                  kv_heads: int = 2, merges: int = 0) -> Path:
     """A llama GGUF whose every matrix is Q8_0 GGML blocks of random bytes (nothing to quantize: a few
-    hundred MB are written in seconds) and whose norms are f32; the tokenizer is the tiny byte-level one,
-    padded to `vocab`."""
+    hundred MB are written in seconds) and whose norms are f32; the tokenizer is the tiny byte-level one
+    with `merges` more merges (synthetic_merges), padded to `vocab`."""
     rng = np.random.default_rng(0)
     head_dim = hidden // heads
     w = gguf.GGUFWriter(str(path), "llama")
@@ -57,12 +71,14 @@ def write_q8_gguf(path: Path, blocks: int, hidden: int = 64, ffn: int = 128, voc
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     meta = tiny_tokenizer_metadata()
-    tokens = meta["tokenizer.ggml.tokens"] + [f"[EXTRA{i}]" for i in range(vocab - 264)]
+    merged, more_merges = synthetic_merges(meta["tokenizer.ggml.tokens"], merges, rng)
+    tokens = meta["tokenizer.ggml.tokens"] + merged
+    tokens += [f"[EXTRA{i}]" for i in range(vocab - len(tokens))]
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(tokens)
     w.add_token_types(meta["tokenizer.ggml.token_type"] + [1] * (vocab - 264))
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"] + more_merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
@@ -119,6 +135,24 @@ def test_convert_memory_is_bounded_by_the_largest_region(tmp_path):
     bound = baseline + 1.5 * largest_block + embedding
     assert (tmp_path / "big.jlm").stat().st_size > 200e6
     assert peak <= bound, f"peak {peak / 1e6:.0f} MB > bound {bound / 1e6:.0f} MB (baseline {baseline / 1e6:.0f} MB)"
+
+
+def test_convert_memory_with_a_large_vocabulary_holds_neither_the_embedding_nor_the_vocabulary_twice(tmp_path):
+    """Issue 27 class 8 on a model shaped like the built-in SmolLM2 (49,152 tokens, ~49k merges, a 30 MB
+    Q8_0 embedding, small blocks): peak RSS <= baseline + 1.5 x the largest block region + the embedding.
+    Holding the embedding's parts whole while writing them, or the tokenizer build's Python lists (two
+    strings per merge, the GGUF's lists beside the tokenizer's JSON), each went past it."""
+    small = write_q8_gguf(tmp_path / "small.gguf", blocks=1)
+    baseline = peak_rss_bytes("convert", str(small), "-o", str(tmp_path / "small.jlm"), "-quiet")
+    big = write_q8_gguf(tmp_path / "big.gguf", blocks=2, hidden=576, ffn=1536, vocab=49152, heads=9, kv_heads=3,
+                        merges=48000)
+    peak = peak_rss_bytes("convert", str(big), "-o", str(tmp_path / "big.jlm"), "-quiet")
+    out = JlmFile(tmp_path / "big.jlm")
+    largest_block = max(r.size for name, r in out.regions.items() if name.startswith("block."))
+    embedding = sum(t.nbytes for name, t in out.tensors.items() if name.startswith("token_embd."))
+    bound = baseline + 1.5 * largest_block + embedding
+    assert embedding > 30e6 and len(out.header["tokenizer"]) > 1e6
+    assert peak <= bound, f"peak {peak / 1e6:.1f} MB > bound {bound / 1e6:.1f} MB (baseline {baseline / 1e6:.1f} MB)"
 
 
 # --- class 1: the output path ---
@@ -193,6 +227,50 @@ def test_sigterm_during_convert_is_one_line_and_leaves_no_temporary_file(tmp_pat
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143 and stderr == "jitllm: error: terminated\n", (proc.returncode, stderr)
     assert list(out.parent.iterdir()) == []
+
+
+def _forks(pid: int) -> list[int]:
+    """The children of `pid` that are forks of it (the same command line: the compile child; not the
+    other programs a command may run, such as pyenv's shim lookups)."""
+    def cmdline(p: int | str) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split() if cmdline(c) == cmdline(pid)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)  # (the compile child leads its own process group: it and its link step)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_sigterm_during_a_compile_ends_it_and_leaves_nothing(tmp_path):
+    """The compile runs in a child (jitllm/lowering/compile_child.py): SIGTERM mid-compile ends the
+    command with one line and 143, the child and its process group are gone, nothing is left in the cache
+    (no artifact, no temporary directory). tests/lowering/test_compile_child.py shows it ends before
+    the work would have."""
+    from jitllm.random_model import write_random_model
+
+    model, cache = tmp_path / "tiny.jlm", tmp_path / "cache"
+    write_random_model(model, "tiny", "q4_1", seed=1)
+    proc = subprocess.Popen([sys.executable, "-m", "jitllm", "compile", "-cache", str(cache), str(model)],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _forks(proc.pid), "the compile child", seconds=120)
+        child = _forks(proc.pid)[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and stderr == "jitllm: error: terminated\n", (proc.returncode, stderr)
+    assert _gone(child)
+    assert [p for p in cache.rglob("*") if not p.is_dir() or p.name.startswith(".")] == []
 
 
 def test_a_later_convert_sweeps_dead_writers_temporary_files_but_not_live_ones(tmp_path):

@@ -10,7 +10,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -184,9 +183,9 @@ def test_files_of_every_writer_open(tmp_path):
 # --- the CLI: one line, exit 2, and neither TVM nor a compile started ---
 
 PROBE = ("import atexit, runpy, sys; "
-         "atexit.register(lambda: print('tvm imported' if 'tvm' in sys.modules else 'tvm not imported')); "
+         "atexit.register(lambda: print(sorted(m for m in ('tvm', 'jitllm.lowering') if m in sys.modules))); "
          "sys.argv[0] = 'jitllm'; runpy.run_module('jitllm', run_name='__main__')")
-"""`python -m jitllm` that says at exit whether TVM was imported."""
+"""`python -m jitllm` that says at exit which of TVM and the lowering part (what compiles) were imported."""
 
 
 @pytest.mark.parametrize("case", ["negative tensor offset", "zero heads", "vocabulary above the embedding",
@@ -196,12 +195,11 @@ def test_cli_refuses_a_bad_header_before_tvm_is_imported(tiny_model, tmp_path, c
         _set("tensors/blk.1.attn_norm/offset", -4096), r"offset must be a non-negative integer \(got -4096\)")}[case]
     bad = edited(tiny_model, tmp_path / "bad.jlm", edit)
     cache = tmp_path / "cache"
-    start = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", PROBE, "run", "-devices", "cpu", str(bad), "hi"],
                             capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, JITLLM_CACHE_DIR=str(cache)))
-    elapsed = time.perf_counter() - start
     assert_one_line_error(result)
     assert re.search(f"^jitllm: error: {re.escape(str(bad))}: .*{message}", result.stderr)
-    assert result.stdout.strip() == "tvm not imported" and not cache.exists()
-    assert elapsed < 10, f"{elapsed:.1f} s"  # (importing TVM alone takes longer on the CI machines)
+    # Refused before anything that compiles was even imported (this replaces a wall-clock bound, which a
+    # loaded machine broke): no compile started, no cache made.
+    assert result.stdout.strip() == "[]" and not cache.exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import sys
 from typing import Callable
 
@@ -72,16 +71,16 @@ def checked_text(text: str, what: str) -> str:
 def regular_file(path: str) -> str:
     """`path` where it names a regular file (links followed): opening a FIFO would wait for a writer for ever,
     and a device would be read as if it were the file."""
+    from jitllm.core.paths import special_kind
+
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise click.UsageError(f"model file not found: {path}") from None
     except OSError as e:
         raise click.UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    if not stat.S_ISREG(mode):
-        kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-        kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    kind = special_kind(mode)
+    if kind is not None:
         raise click.UsageError(f"{path} is {kind}, not a model file")
     return path
 

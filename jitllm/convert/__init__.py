@@ -2,7 +2,7 @@
 
 Both sources answer the same questions by GGUF tensor name ("token_embd", "blk.3.attn_q", "output_norm"):
 `info(name)` -> (shape, default weight type), `floats(name)` -> f32 array, `parts(name, wtype)` -> layout
-parts; plus `config`, `tokenizer_meta` and `tensor_name(name)` (the source's own name, for messages).
+parts as (part, array) pieces (whole, or runs of leading rows in order: jitllm.core.jlm_writer); plus `config`, `tokenizer_meta` and `tensor_name(name)` (the source's own name, for messages).
 """
 
 from __future__ import annotations
@@ -131,15 +131,16 @@ def _weight_types(source: Source, cfg: ModelConfig, dtype: str | None) -> dict:
 def _plans(source: Source, cfg: ModelConfig, weights: dict) -> list[RegionPlan]:
     """Region "globals", then "block.0", ...: each region's tensors, and their arrays made from the source
     one linear at a time when the writer comes to the region, the source's pages let go once a linear's
-    parts are made (so a conversion holds about one matrix twice, not the model)."""
+    parts are made (so a conversion holds about one block matrix twice and a few thousand rows of the
+    embedding, not the model)."""
 
     def linear_specs(name: str, wtype: str, shape: tuple[int, int]) -> list[TensorSpec]:
         return [TensorSpec(f"{name}.{part}", s, dtype) for part, s, dtype in weight_parts(wtype, *shape)]
 
     def linear(name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
-        parts = source.parts(name, wtype)
-        source.release_pages()  # (the matrix's source bytes are read: only its parts are held now)
-        yield from ((f"{name}.{part}", arr) for part, arr in parts.items())
+        for part, piece in source.parts(name, wtype):
+            yield f"{name}.{part}", piece
+        source.release_pages()
 
     def norm(name: str) -> TensorSpec:
         return TensorSpec(name, (cfg.hidden,), "float32")

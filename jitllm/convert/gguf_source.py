@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
 from jitllm.core.errors import JitllmError, shown
-from jitllm.core.layouts import ROW_GROUP, weight_parts
 from jitllm.core.quant import REPACK_ROWS, parts_from_float, parts_from_ggml
 from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
@@ -73,7 +73,9 @@ class GgufSource:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
         self.config = self._config(meta, arch)
         tok = gguf_tokenizer(meta)
-        self.tokenizer_meta = {"tokenizer": tok.to_str(), **token_settings(meta, tok)}
+        settings = token_settings(meta, tok)
+        del contents, meta  # (the vocabulary's lists are not held beside the tokenizer's JSON)
+        self.tokenizer_meta = {"tokenizer": tok.to_str(), **settings}
         try:
             check_token_settings(tok, self.tokenizer_meta, self.config.vocab)
         except JitllmError as e:
@@ -92,22 +94,21 @@ class GgufSource:
         _native_type(self.tensor_name(name), t)
         return _floats(t.data, t.qtype)
 
-    def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
-        """The matrix's layout parts, made REPACK_ROWS rows at a time with the file's pages let go after
-        each, so the source bytes of a large matrix (the embedding) are not held beside its parts."""
+    def parts(self, name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
+        """The matrix's layout parts as (part, leading rows) pieces in row order, REPACK_ROWS matrix rows at
+        a time with the file's pages let go after each, so neither a large matrix's source bytes nor its
+        parts (the embedding's) are held whole."""
         (n, k), native = self.info(name)
         t = self._tensor(name)
-        out = {part: np.empty(shape, dtype) for part, shape, dtype in weight_parts(wtype, n, k)}
         for start in range(0, n, REPACK_ROWS):
             rows = t.data[start:start + REPACK_ROWS]
             if wtype == native and wtype in _REPACKED:
                 chunk = parts_from_ggml(wtype, rows, len(rows), k)
             else:
                 chunk = parts_from_float(wtype, _floats(rows, t.qtype))
-            for part, arr in chunk.items():
-                out[part][start // ROW_GROUP:(start + len(rows)) // ROW_GROUP] = arr
             self.release_pages()
-        return out
+            yield from chunk.items()
+            del chunk
 
     def release_pages(self) -> None:
         """Let go of the pages of the file this process has read through the map (they stay in the page

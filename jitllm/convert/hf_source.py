@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,9 @@ class HfSource:
             w = permute_rows(w, self.config.kv_heads)
         return w
 
-    def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
-        return parts_from_float(wtype, self.floats(name))
+    def parts(self, name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
+        """The matrix's layout parts as (part, array) pairs (each whole)."""
+        yield from parts_from_float(wtype, self.floats(name)).items()
 
     def release_pages(self) -> None:
         """Let go of the pages of the weight files this process has read through their maps (they stay in

@@ -15,17 +15,13 @@ import os
 import re
 import shutil
 import socket
-import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from jitllm.core.errors import JitllmError
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-
+from jitllm.core.paths import special_kind
 
 def temp_prefix(name: str) -> str:
     """The prefix of this process's temporary names for `name`, `.NAME.<pid>@<host>.` (mkstemp and mkdtemp
@@ -45,10 +41,10 @@ def writable_target(dest: str | os.PathLike) -> Path:
         return target
     except OSError as e:
         raise JitllmError(f"cannot write {dest}: {e.strerror or e}") from None
-    for test, what in _KINDS:
-        if test(mode):
-            via = f" (via the link {dest})" if target != dest else ""
-            raise JitllmError(f"cannot write {target}{via}: it is {what}, not a regular file")
+    what = special_kind(mode)
+    if what is not None:
+        via = f" (via the link {dest})" if target != dest else ""
+        raise JitllmError(f"cannot write {target}{via}: it is {what}, not a regular file")
     return target
 
 

@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_validate import check_container, tensor_nbytes
+from jitllm.core.paths import special_kind
 
 MAGIC = b"JITLLM\x00\x01"
 VERSION = 1
@@ -68,8 +70,8 @@ class JlmFile:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        try:
-            f = open(self.path, "rb")
+        try:  # (non-blocking: opening a FIFO would wait for a writer; it is refused below)
+            f = os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), "rb")
         except FileNotFoundError:
             raise JitllmError(f"model file not found: {self.path}") from None
         except IsADirectoryError:
@@ -77,7 +79,11 @@ class JlmFile:
         except OSError as e:
             raise JitllmError(f"cannot read {self.path}: {e.strerror or e}") from None
         with f:
-            size = os.fstat(f.fileno()).st_size
+            info = os.fstat(f.fileno())
+            kind = special_kind(info.st_mode)
+            if kind is not None:
+                raise JitllmError(f"{self.path} is {kind}, not a .jlm model file")
+            size = info.st_size
             pre = f.read(_PREAMBLE.size)
             if len(pre) < _PREAMBLE.size:
                 raise JitllmError(f"{self.path}: not a .jlm model file (too short)")
@@ -106,6 +112,16 @@ class JlmFile:
         start = self.regions[t.region].offset + t.offset
         return np.frombuffer(self._map, dtype=t.dtype, count=int(np.prod(t.shape, dtype=np.int64)),
                              offset=start).reshape(t.shape)
+
+    def release_pages(self, names: Iterable[str]) -> None:
+        """Let go of the pages of these tensors that this process has read through the map. They stay in
+        the page cache and fault back in if read again; a unit's weights, once copied into their device's
+        buffer, are not held a second time as mapped pages."""
+        for name in names:
+            t = self.tensors[name]
+            start = self.regions[t.region].offset + t.offset
+            first = start - start % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, first, start + t.nbytes - first)
 
     def region_tensors(self, region: str) -> dict[str, np.ndarray]:
         return {n: self.tensor(n) for n, t in self.tensors.items() if t.region == region}

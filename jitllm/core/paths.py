@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of this st_mode is where it is not a regular file ("a FIFO", "a directory", ...), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def home_dir() -> Path:

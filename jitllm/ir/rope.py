@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from jitllm.core.errors import JitllmError
+
 from jitllm.ir.config import ModelConfig, RopeScaling
 
 
@@ -40,7 +42,12 @@ def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all
     def get(m: float) -> float:
         return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
-    return get(mscale) / get(mscale_all_dim) if mscale and mscale_all_dim else get(1.0)
+    if not (mscale and mscale_all_dim):
+        return get(1.0)
+    if get(mscale_all_dim) == 0:
+        raise JitllmError(f"rope scaling mscale_all_dim {mscale_all_dim} with factor {factor} makes YaRN's "
+                          "attention factor divide by zero")
+    return get(mscale) / get(mscale_all_dim)
 
 
 def _llama3(inv: np.ndarray, s: RopeScaling) -> np.ndarray:

@@ -36,6 +36,7 @@ from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
+from jitllm.lowering.compile_child import run_in_child
 from jitllm.lowering.target import ARTIFACT_SUFFIXES, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1
@@ -115,8 +116,15 @@ def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
             f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
             f"(runtime-only); run `jitllm compile -target {target.name}{_family_flag(target)} MODEL` where TVM is "
             "complete") from None
-    executable = target.build(to_relax(kind, build_block_graph(kind), target))
-    executable.export_library(str(dest))
+
+    def compile_and_export() -> None:
+        executable = target.build(to_relax(kind, build_block_graph(kind), target))
+        workspace = dest.parent / "build"  # (the link's objects: inside the temporary directory, never in /tmp)
+        workspace.mkdir()
+        executable.export_library(str(dest), workspace_dir=str(workspace))
+        shutil.rmtree(workspace)
+
+    run_in_child(compile_and_export)  # (SIGTERM and Ctrl-C end the command mid-compile: compile_child.py)
 
 
 def _write_onnx(kind: BlockKind, target: Target, dest: Path) -> None:

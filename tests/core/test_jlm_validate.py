@@ -3,6 +3,8 @@ regions or tensors wrongly is one JitllmError line naming the entry, before any 
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,29 @@ def test_an_unedited_rewrite_opens_and_every_view_lies_inside_the_file(tiny_mode
         for name, entry in f.tensors.items():
             start = f.regions[entry.region].offset + entry.offset
             assert f.tensor(name).shape == entry.shape and start + entry.nbytes <= size
+
+
+def test_opening_what_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    """Through the Python API too (the CLI checks first): a FIFO is refused without waiting for a writer.
+    If the open blocks, a writer comes after 20 s to end the wait, and the test fails on that."""
+    fifo = tmp_path / "model.jlm"
+    os.mkfifo(fifo)
+    refused, unblocked = threading.Event(), []
+
+    def unblock() -> None:
+        if not refused.wait(20):
+            unblocked.append(True)
+            with open(fifo, "wb"):
+                pass
+
+    threading.Thread(target=unblock, daemon=True).start()
+    try:
+        with pytest.raises(JitllmError, match=f"{fifo} is a FIFO, not a .jlm model file"):
+            JlmFile(fifo)
+    finally:
+        refused.set()
+    assert not unblocked
+    with pytest.raises(JitllmError, match="/dev/null is a character device, not a .jlm model file"):
+        JlmFile("/dev/null")
+    with pytest.raises(JitllmError, match="is a directory, not a .jlm model file"):
+        JlmFile(tmp_path)

@@ -80,7 +80,10 @@ def load_unit(ex, index: int | str, device: Device) -> Unit:
 
 def upload_weights(ex, index: int | str, device: Device, kind: BlockKind | None = None) -> PackedWeights:
     """A unit's weights (laid out for `kind`, default its kind on `device`) copied from its .jlm page into
-    one allocation on `device`; fused linears are stacked here, once per load or move."""
+    one allocation on `device`; fused linears are stacked here, once per load or move. The file's pages
+    read for it are let go after (the host would otherwise hold every weight twice: mapped and packed)."""
     kind = kind or kind_on(ex.layout, index, device)
-    return PackedWeights.upload(device, [[ex.model.tensor(n) for n in group]
-                                         for group in ex.layout.weight_sources(index, kind)])
+    groups = ex.layout.weight_sources(index, kind)
+    weights = PackedWeights.upload(device, [[ex.model.tensor(n) for n in group] for group in groups])
+    ex.model.release_pages(n for group in groups for n in group)
+    return weights

@@ -1,0 +1,117 @@
+"""Compiling in a forked child process, so that SIGTERM and Ctrl-C end a command promptly.
+
+A TVM compile is one C++ call of 15-40 s; Python runs a signal handler only when that call returns, so a
+SIGTERM (jitllm.core.termination) or a Ctrl-C sent mid-compile waited for the compile. Here the parent
+only waits on a pipe, which a signal interrupts at once: the handler's exception unwinds the parent, and
+on its way out the child's process group (the child and the compiler it runs for the link) is killed and
+reaped, so nothing of the compile is left running and the artifact's temporary directory is removed by
+the caller's cleanup. The child is a fork (TVM is already imported: a fresh interpreter would spend
+seconds importing it) in a process group of its own (out of the terminal's reach: the parent decides
+what Ctrl-C does), ignores SIGINT, is killed by the kernel if the parent dies without cleanup (SIGKILL),
+and ends with os._exit (the parent's atexit handlers and buffered output stay the parent's).
+
+Where fork cannot be relied on (not Linux: macOS frameworks are not fork-safe), the work runs in this
+process and a signal is handled when it returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from jitllm.core.errors import JitllmError
+
+FORKS = sys.platform == "linux"
+"""Whether work runs in a forked child (Linux) or in this process."""
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+
+
+def run_in_child(work: Callable[[], None]) -> None:
+    """Run `work` in a forked child and wait for it. A JitllmError in the child is raised here with its
+    message; any other failure, or the child dying, is a JitllmError naming it."""
+    if not FORKS:
+        work()
+        return
+    read, write = os.pipe()
+    # SIGTERM and SIGINT are held back over the fork, so that one arriving then is raised inside the
+    # `try` that kills the child (not between fork and try, which left the child compiling, an orphan).
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        os.close(read)
+        os.close(write)
+        raise
+    if pid == 0:  # the child
+        os.close(read)
+        _child(work, write, previous, parent)
+    try:
+        os.close(write)
+        try:
+            os.setpgid(pid, pid)  # (also here: the group exists before the parent may have to kill it)
+        except OSError:  # (the child did it first)
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        message = _read_all(read)
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # SIGTERM's Terminated, Ctrl-C's KeyboardInterrupt: stop the compile with us
+        _kill(pid)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        os.close(read)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return
+    if code < 0:
+        raise JitllmError(f"the compile process was killed by signal {signal.Signals(-code).name}")
+    raise JitllmError(message.decode(errors="replace") or f"the compile process failed (exit status {code})")
+
+
+def _child(work: Callable[[], None], write: int, mask: set[signal.Signals], parent: int) -> None:
+    code, message = 0, ""
+    try:
+        os.setpgid(0, 0)  # (its own group: the parent kills the compiler's link step with it)
+        _die_with_parent(parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        work()
+    except JitllmError as e:
+        code, message = 1, str(e)
+    except BaseException as e:  # noqa: BLE001 (reported to the parent as one line)
+        code, message = 2, f"the compile failed: {type(e).__name__}: {e}"
+    try:
+        os.write(write, message.encode())
+    finally:
+        os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this child when its parent dies (SIGKILL included, which runs no cleanup of
+    the parent's): an orphaned compile would go on for tens of seconds, into a directory the next writer
+    sweeps as a dead process's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
+        os._exit(3)  # (the parent is already gone, or the kernel refused: do not compile unwatched)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)

@@ -64,14 +64,10 @@ def run_jitllm(args) -> dict:
         # tvm_ffi imports torch whenever it is installed (+~200 MiB RSS); jitllm never uses it
         sys.modules["torch"] = None
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.targets.llvm import configure_threads
-
-    configure_threads(args.threads)
     import jitllm.model as jm
-    from jitllm.runtime.backends import host
 
-    jm.host_device = lambda *a, **k: host.host_device(args.kernels)
-    model = jm.load(args.jlm, devices="cpu", ctx=args.pp + args.tg + 16, cache_dir=args.cache)
+    model = jm.load(args.jlm, devices="cpu", ctx=args.pp + args.tg + 16, cache_dir=args.cache,
+                    cpu_kernels=args.kernels, threads=args.threads)
     ex = model.executor
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, 40000, args.pp)]
@@ -135,9 +131,10 @@ def run_llama(args) -> dict:
 def run_bandwidth(args) -> dict:
     """Read bandwidth of a TVM parallel sum over 1 GiB with the TVM thread pool."""
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.targets.llvm import LlvmTarget, configure_threads
+    from jitllm.lowering.targets.llvm import LlvmTarget
+    from jitllm.runtime.workers import host_workers
 
-    configure_threads(args.threads)
+    host_workers(args.threads)
     import tvm
     from tvm.script import tirx as T
 

@@ -110,7 +110,7 @@ def run_llama(args) -> dict:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(args.gguf), n_threads=args.threads, n_threads_batch=args.threads,
-                n_ctx=args.pp + args.tg + 16, n_batch=args.pp, n_ubatch=args.pp, verbose=False)
+                n_ctx=args.pp + args.tg + 16, n_batch=args.pp + args.tg + 16, n_ubatch=args.pp, verbose=False)
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, 40000, args.pp)]
     llm.reset()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 

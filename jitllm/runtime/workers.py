@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, MutableMapping
 
 from jitllm.core.errors import JitllmError
 from jitllm.runtime.inventory import CpuInfo, detect_cpu, format_cpu_list

@@ -90,9 +90,10 @@ def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bo
         assert ("_avx2" in symbol) == quantized_path, symbol
         for m in TOKENS:
             x = rng.standard_normal((m, k)).astype(np.float32)
-            outs = [_run_linear(lib, symbol, wtype, n, k, parts, x) if nt is None
-                    else in_pool_of(nt, lambda: _run_linear(lib, symbol, wtype, n, k, parts, x))
-                    for nt in (workers if wtype.startswith("q") else (None,))]
+            def run(symbol=symbol, wtype=wtype, n=n, k=k, parts=parts, x=x):
+                return _run_linear(lib, symbol, wtype, n, k, parts, x)
+
+            outs = [run() if nt is None else in_pool_of(nt, run) for nt in (workers if wtype.startswith("q") else (None,))]
             out = outs[0]
             for other in outs[1:]:
                 assert np.array_equal(other, out), (symbol, m)  # each output row is one task's sum
@@ -167,7 +168,10 @@ def _attention_reference(q, k, v, pages, pt, past, groups):
 @pytest.mark.parametrize("batch,seq,pasts", [(1, 1, [0]), (1, 1, [37]), (2, 1, [15, 100]), (1, 7, [20]),
                                              (2, 40, [0, 33])])
 def test_paged_attention_matches_numpy(batch, seq, pasts):
-    from jitllm.lowering.kernels.cpu.attention import _attention_serial, attention_kernel
+    from jitllm.lowering.kernels.cpu.attention import (
+        _attention_serial,
+        attention_kernel,
+    )
 
     cfg = ModelConfig("llama", 1, 576, 9, 3, 64, 1536, 100, 8192, 1e5, 1e-5)
     kind = BlockKind("llama", cfg, (), 16)

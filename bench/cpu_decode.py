@@ -2,6 +2,7 @@
 the same run, with the memory roofline:
 
     python bench/cpu_decode.py [-gguf PATH] [-threads 2] [-reps 3] [-kernels fast,exact] [-cache DIR]
+    python bench/cpu_decode.py -hog 0,1,2 -pp 64 -tg 32     # decode beside 0, 1 and 2 busy processes
 
 pp512: one forward of a 512-token prompt. tg128: 128 single-token greedy steps after a 1-token prompt
 (llama-bench's definition: generation from an empty context). Each side runs in its own subprocess
@@ -15,6 +16,12 @@ with `-threads` threads; the higher is the roofline). The CPU time other process
 side's run is printed: the numbers mean little on a busy machine. The jitllm process blocks the import
 of torch (tvm_ffi imports it eagerly when installed, ~200 MiB of RSS jitllm never uses); -with-torch
 measures it as `jitllm run` behaves where torch is installed.
+
+-hog N,M,...: the same measurements with N (then M, ...) competing CPU-bound processes running (bench/cpu_load.py:
+each spins for at most -hog-seconds and is killed when its level ends), then a table of each side's speed per
+load level, its loaded/unloaded ratio and jitllm against llama.cpp. The jitllm side inherits the environment
+(TVM_THREAD_POOL_SPIN_COUNT, TVM_BIND_THREADS); -jitllm-threads gives it its own worker count (a list: one
+jitllm side per count, in the same run).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cpu_load import hogs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,14 +72,10 @@ def run_jitllm(args) -> dict:
         # tvm_ffi imports torch whenever it is installed (+~200 MiB RSS); jitllm never uses it
         sys.modules["torch"] = None
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.targets.llvm import configure_threads
-
-    configure_threads(args.threads)
     import jitllm.model as jm
-    from jitllm.runtime.backends import host
 
-    jm.host_device = lambda *a, **k: host.host_device(args.kernels)
-    model = jm.load(args.jlm, devices="cpu", ctx=args.pp + args.tg + 16, cache_dir=args.cache)
+    model = jm.load(args.jlm, devices="cpu", ctx=args.pp + args.tg + 16, cache_dir=args.cache,
+                    cpu_kernels=args.kernels, threads=args.threads)
     ex = model.executor
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, 40000, args.pp)]
@@ -106,7 +110,7 @@ def run_llama(args) -> dict:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(args.gguf), n_threads=args.threads, n_threads_batch=args.threads,
-                n_ctx=args.pp + args.tg + 16, n_batch=args.pp, n_ubatch=args.pp, verbose=False)
+                n_ctx=args.pp + args.tg + 16, n_batch=args.pp + args.tg + 16, n_ubatch=args.pp, verbose=False)
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, 40000, args.pp)]
     llm.reset()
@@ -135,9 +139,10 @@ def run_llama(args) -> dict:
 def run_bandwidth(args) -> dict:
     """Read bandwidth of a TVM parallel sum over 1 GiB with the TVM thread pool."""
     sys.path.insert(0, str(ROOT))
-    from jitllm.lowering.targets.llvm import LlvmTarget, configure_threads
+    from jitllm.lowering.targets.llvm import LlvmTarget
+    from jitllm.runtime.workers import host_workers
 
-    configure_threads(args.threads)
+    host_workers(args.threads)
     import tvm
     from tvm.script import tirx as T
 
@@ -181,9 +186,10 @@ def read_bandwidth(args) -> tuple[float, float | None]:
         return best, None
 
 
-def side(args, name: str, kernels: str | None = None) -> dict:
+def side(args, name: str, kernels: str | None = None, threads: int | None = None) -> dict:
+    threads = threads or args.threads
     cmd = [sys.executable, __file__, "-side", name, "-gguf", str(args.gguf), "-jlm", str(args.jlm),
-           "-threads", str(args.threads), "-pp", str(args.pp), "-tg", str(args.tg), "-cache", str(args.cache),
+           "-threads", str(threads), "-pp", str(args.pp), "-tg", str(args.tg), "-cache", str(args.cache),
            "-seed", str(args.seed)]
     if kernels:
         cmd += ["-kernels", kernels]
@@ -196,6 +202,43 @@ def side(args, name: str, kernels: str | None = None) -> dict:
     if proc.returncode or not lines:
         raise RuntimeError(f"{name} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1])
+
+
+def measure(args, kernels: list[str], have_llama: bool) -> dict[str, list[dict]]:
+    """-reps repetitions of each side, alternating."""
+    workers = [int(t) for t in args.jitllm_threads.split(",")] if args.jitllm_threads else [args.threads]
+    named = {(f"jitllm {k}" + (f" {w}w" if len(workers) > 1 else "")): (k, w) for k in kernels for w in workers}
+    results: dict[str, list[dict]] = {name: [] for name in named}
+    if have_llama:
+        results["llama.cpp"] = []
+    for rep in range(args.reps):
+        for name, (k, w) in named.items():
+            results[name].append(side(args, "jitllm", k, w))
+        if have_llama:
+            results["llama.cpp"].append(side(args, "llama"))
+        print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
+    return results
+
+
+def print_load_table(args, by_level: dict[int, dict[str, list[dict]]]) -> None:
+    """Medians per load level, each side's loaded/unloaded ratio and jitllm against llama.cpp."""
+    base = min(by_level)
+    names = list(by_level[base])
+    print(f"{'competing':>9s} {'side':14s} {'pp' + str(args.pp) + ' tok/s':>22s} {'tg' + str(args.tg) + ' tok/s':>22s}"
+          f" {'tg vs ' + str(base) + ' hogs':>12s} {'others busy':>11s}")
+    for level, results in by_level.items():
+        for name in names:
+            runs = results[name]
+            tg = statistics.median(r["tg"] for r in runs)
+            tg0 = statistics.median(r["tg"] for r in by_level[base][name])
+            print(f"{level:9d} {name:14s} {summary([r['pp'] for r in runs]):>22s} {summary([r['tg'] for r in runs]):>22s}"
+                  f" {tg / tg0:11.2f}x {max(r['others'] for r in runs):9.2f}cpu")
+    if "llama.cpp" in names:
+        for name in (n for n in names if n != "llama.cpp"):
+            ratios = [statistics.median(r["tg"] for r in by_level[lv][name])
+                      / statistics.median(r["tg"] for r in by_level[lv]["llama.cpp"]) for lv in by_level]
+            print(f"{name} / llama.cpp tg{args.tg}: "
+                  + ", ".join(f"{lv} competing {x:.2f}x" for lv, x in zip(by_level, ratios)))
 
 
 def summary(values: list[float]) -> str:
@@ -215,6 +258,12 @@ def main() -> None:
     ap.add_argument("-seed", type=int, default=0)
     ap.add_argument("-with-torch", action="store_true",
                     help="let tvm_ffi import torch in the jitllm process (it does whenever torch is installed)")
+    ap.add_argument("-hog", default=None, metavar="N,M,...",
+                    help="measure beside N, then M, ... competing CPU-bound processes (e.g. 0,1,2)")
+    ap.add_argument("-hog-seconds", dest="hog_seconds", type=float, default=1800,
+                    help="the most a competing process runs (each is also killed when its level ends)")
+    ap.add_argument("-jitllm-threads", dest="jitllm_threads", default=None, metavar="N[,M...]",
+                    help="jitllm's worker count (default: -threads); several: one jitllm side per count")
     ap.add_argument("-side", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -225,7 +274,10 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
+    from jitllm.core.termination import install_termination_handler
     from jitllm.default_model import default_gguf_path, default_model_path
+
+    install_termination_handler("cpu_decode")  # SIGTERM unwinds, so the competing processes are killed
     from jitllm.lowering.targets.llvm import host_target_dict
 
     args.threads = args.threads or len(os.sched_getaffinity(0))
@@ -255,19 +307,19 @@ def main() -> None:
         print("llama-cpp-python is not installed: measuring jitllm only (pip install llama-cpp-python)")
 
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    results: dict[str, list[dict]] = {f"jitllm {k}": [] for k in kernels}
-    if have_llama:
-        results["llama.cpp"] = []
     side(args, "jitllm", kernels[0])  # compiles what the cache lacks, outside the measurement
-    for rep in range(args.reps):
-        for k in kernels:
-            results[f"jitllm {k}"].append(side(args, "jitllm", k))
-        if have_llama:
-            results["llama.cpp"].append(side(args, "llama"))
-        print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
+    if args.hog is not None:
+        levels = [int(n) for n in args.hog.split(",")]
+        by_level = {}
+        for level in levels:
+            with hogs(level, args.hog_seconds):
+                by_level[level] = measure(args, kernels, have_llama)
+        print_load_table(args, by_level)
+        return
+    results = measure(args, kernels, have_llama)
     bw_numpy, bw_tvm = read_bandwidth(args)
     bandwidth = max(bw_numpy, bw_tvm or 0.0)
-    per_token = results[f"jitllm {kernels[0]}"][0]["bytes_per_token"]
+    per_token = next(iter(results.values()))[0]["bytes_per_token"]
     roofline = bandwidth / per_token
 
     print(f"read bandwidth: numpy sum 1 GiB {bw_numpy / 1e9:.1f} GB/s (1 thread)"
@@ -286,11 +338,10 @@ def main() -> None:
     if have_llama:
         lpp = statistics.median(r["pp"] for r in results["llama.cpp"])
         ltg = statistics.median(r["tg"] for r in results["llama.cpp"])
-        for k in kernels:
-            runs = results[f"jitllm {k}"]
-            jpp = statistics.median(r["pp"] for r in runs)
-            jtg = statistics.median(r["tg"] for r in runs)
-            print(f"jitllm {k} / llama.cpp: pp{args.pp} {jpp / lpp:.2f}x, tg{args.tg} {jtg / ltg:.2f}x")
+        for name in (n for n in results if n != "llama.cpp"):
+            jpp = statistics.median(r["pp"] for r in results[name])
+            jtg = statistics.median(r["tg"] for r in results[name])
+            print(f"{name} / llama.cpp: pp{args.pp} {jpp / lpp:.2f}x, tg{args.tg} {jtg / ltg:.2f}x")
 
 
 if __name__ == "__main__":

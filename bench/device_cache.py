@@ -1,10 +1,10 @@
 """Fill a cache folder with exactly what a GPU-machine session needs, and nothing else (at most 64 MiB
 travels there): the CUDA kinds of tests/gpu in both kernel families, the llvm kinds its host-side
-comparisons load (exact kernels, TVM_NUM_THREADS as on that machine), the CUDA kinds of the benchmark
+comparisons load (exact kernels; no llvm key holds a worker count), the CUDA kinds of the benchmark
 shapes (fast family; quantized ones in the exact family too, for `gpu_decode.py -gpu-kernels exact`),
 and both the llvm and CUDA kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
 
-    TVM_NUM_THREADS=2 python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
+    python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
 
 Run it here (full TVM); artifacts already in the cache are kept, missing ones compiled, and files of
 other keys deleted with -prune (an artifact's key changes whenever a source it depends on does, so age
@@ -14,7 +14,6 @@ says nothing about staleness).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -63,8 +62,6 @@ def main() -> None:
                     help="preset:wtype pairs for bench/migrate.py (exact llvm kinds and CUDA kinds)")
     ap.add_argument("-prune", action="store_true", help="delete every other file in the cache folder")
     args = ap.parse_args()
-    if "TVM_NUM_THREADS" not in os.environ:
-        sys.exit("set TVM_NUM_THREADS to the GPU machine's value (the llvm keys include it), e.g. 2")
 
     from jitllm.lowering.cache import get_artifact, stderr_log
 

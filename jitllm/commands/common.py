@@ -101,7 +101,7 @@ def sampling_options(func):
 
 
 def placement_options(func=None, *, devices: str = "auto"):
-    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -v (`devices`: the default of
+    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -threads, -v (`devices`: the default of
     -devices; `@placement_options` or `@placement_options(devices="cpu")`)."""
     if func is None:
         return lambda f: placement_options(f, devices=devices)
@@ -120,6 +120,8 @@ def placement_options(func=None, *, devices: str = "auto"):
             help="GPU decode matvecs over quantized weights: fast = int8 activations (dp4a), exact = f32"),
         click.option("-relocate/-no-relocate", "--relocate/--no-relocate", "relocate", default=True, show_default=True,
                      help="when a device cannot grow the context, hand its last block to the host"),
+        opt("threads", type=click.IntRange(min=1), default=None,
+            help="CPU workers (default: one per physical performance core in the CPU mask, or $TVM_NUM_THREADS)"),
         opt("gpu-grow", "gpu_grow", is_flag=True, help="start on the CPU, move one block per token onto the devices"),
         opt("tune-seam", "tune_seam", is_flag=True, help="time runs of tokens at different seams, keep the fastest"),
         opt("v", "verbose", is_flag=True, help="print the placement plan"),
@@ -153,7 +155,7 @@ def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] |
         cache_dir=f["cache_dir"] or os.environ.get("JITLLM_CACHE_DIR"),
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
-        relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"])
+        relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"])
     return load_with(checked, options)
 
 

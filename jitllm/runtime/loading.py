@@ -11,12 +11,13 @@ from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.runtime.backends import link_peers, make_device
 from jitllm.runtime.backends.buffer_pool import pool_from_env
-from jitllm.runtime.backends.host import HOST, host_device
+from jitllm.runtime.backends.host import HOST, host_device, pool_size
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, with_placement
 from jitllm.runtime.planner import Plan, plan
+from jitllm.runtime.workers import host_workers
 
 DEFAULT_CTX = 4096
 
@@ -31,7 +32,8 @@ class LoadOptions:
     decode matvecs over quantized weights (jitllm.lowering.targets.cuda). `relocate`: when a device cannot
     grow the context, hand its last block to the host instead of failing. `gpu_grow`: start on the host and
     move one block per generated token to where the plan puts it. `tune_seam`: time a few seams while
-    generating and keep the fastest (runtime/seam_tuning.py)."""
+    generating and keep the fastest (runtime/seam_tuning.py). `threads`: the host's CPU workers (None: one per
+    physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py)."""
 
     devices: str = "auto"
     vram: str | None = None
@@ -47,6 +49,7 @@ class LoadOptions:
     relocate: bool = True
     gpu_grow: bool = False
     tune_seam: bool = False
+    threads: int | None = None
 
 
 @dataclass
@@ -79,9 +82,11 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
     the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices, option.placement if option else None,
                     options.gpu_layers, option.strict if option else False, host_name=HOST)
+    workers = host_workers(options.threads)  # before any kernel starts this thread's pool
     log = options.log
     if log:
         log(the_plan.describe())
+        log(workers.describe(pool_size()))
     devices: dict[str, Device] = {HOST: host_device(options.cpu_kernels)}
     for choice in choices:
         devices[choice.name] = make_device(choice, options.cpu_kernels, options.gpu_kernels)

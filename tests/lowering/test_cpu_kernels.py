@@ -10,6 +10,9 @@ Tolerances, relative to the largest |output|:
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 import tvm
@@ -21,7 +24,7 @@ from jitllm.lowering.targets.llvm import LlvmTarget, host_isa
 
 AVX2 = host_isa() == "avx2"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
-SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 3 threads
+SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 2 or 3 workers
 K_SHAPES = [(64, 256), (1544, 512)]  # the K-quants take inputs in multiples of 256
 TOKENS = (1, 3, 4, 9, 70)  # 70: two chunks of the prefill path (64 tokens each) and a ragged tail
 
@@ -49,33 +52,51 @@ def _run_linear(lib, symbol, wtype, n, k, parts, x):
     return y.numpy().reshape(m, n)
 
 
-def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool, threads=(None,)):
-    """`threads`: also build the kernels for these thread-pool sizes (None: the target's own), since the
-    fast decode path splits rows per thread."""
-    from jitllm.lowering.kernels.cpu.linear import linear_kernel
+def in_pool_of(workers: int, fn):
+    """fn() on a fresh thread whose TVM pool has `workers` workers (a pool is per thread and sized when it
+    starts; config_threadpool's mode -3 lets its threads share the process's CPUs, so 3 workers run even on
+    a 2-CPU machine)."""
+    out: dict = {}
 
+    def body():
+        cpus = sorted(os.sched_getaffinity(0))
+        tvm.get_global_func("runtime.config_threadpool")(-3, workers, [str(cpus[i % len(cpus)]) for i in range(workers)])
+        out["workers"] = tvm.get_global_func("runtime.NumThreads")()
+        out["result"] = fn()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert out["workers"] == workers
+    return out["result"]
+
+
+def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool, workers=(None,)):
+    """`workers`: also run every quantized kernel in pools of these sizes (None: the calling thread's pool):
+    the fast decode path splits its rows over the workers it finds when it runs, and one artifact must give
+    the same outputs under any of them."""
     rng = np.random.default_rng(0)
     funcs, cases = {}, []
     for wtype in wtypes:
         for n, k in K_SHAPES if wtype in K_QUANTS else SHAPES:
-            for nt in (threads if wtype.startswith("q") else (None,)):
-                if nt is None:
-                    symbol, func = target_obj.linear_kernel(wtype, n, k)
-                else:
-                    symbol, func = linear_kernel(wtype, n, k, target_obj.kernels, target_obj.isa, nt)
-                    symbol = f"{symbol}_t{nt}"
-                    func = func.with_attr("global_symbol", symbol)
-                funcs[symbol] = func
-                w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
-                parts = parts_from_float(wtype, w)
-                cases.append((symbol, wtype, n, k, parts, dequantize(wtype, parts)))
+            symbol, func = target_obj.linear_kernel(wtype, n, k)
+            funcs[symbol] = func
+            w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+            parts = parts_from_float(wtype, w)
+            cases.append((symbol, wtype, n, k, parts, dequantize(wtype, parts)))
     lib = _build(funcs, tvm_target)
     for symbol, wtype, n, k, parts, w in cases:
         quantized_path = fast_expected and wtype.startswith("q")
         assert ("_avx2" in symbol) == quantized_path, symbol
         for m in TOKENS:
             x = rng.standard_normal((m, k)).astype(np.float32)
-            out = _run_linear(lib, symbol, wtype, n, k, parts, x)
+            def run(symbol=symbol, wtype=wtype, n=n, k=k, parts=parts, x=x):
+                return _run_linear(lib, symbol, wtype, n, k, parts, x)
+
+            outs = [run() if nt is None else in_pool_of(nt, run) for nt in (workers if wtype.startswith("q") else (None,))]
+            out = outs[0]
+            for other in outs[1:]:
+                assert np.array_equal(other, out), (symbol, m)  # each output row is one task's sum
             exact = x.astype(np.float64) @ w.T.astype(np.float64)
             scale = np.abs(exact).max()
             err = np.abs(out - exact).max() / scale
@@ -95,14 +116,14 @@ def test_exact_kernels_match_numpy():
 def test_fast_kernels_match_numpy_int8_emulation():
     t = LlvmTarget("fast")
     _check_linears(t, t.tvm_target(), ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"), fast_expected=True,
-                   threads=(1, 3))
+                   workers=(1, 2, 3))
 
 
 @needs_avx2
 @pytest.mark.parametrize("wtype", ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
 def test_fast_kernels_of_the_5_6_bit_and_k_quant_formats(wtype):
     t = LlvmTarget("fast")
-    _check_linears(t, t.tvm_target(), (wtype,), fast_expected=True, threads=(1, 3))
+    _check_linears(t, t.tvm_target(), (wtype,), fast_expected=True, workers=(1, 2, 3))
 
 
 def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():
@@ -147,7 +168,10 @@ def _attention_reference(q, k, v, pages, pt, past, groups):
 @pytest.mark.parametrize("batch,seq,pasts", [(1, 1, [0]), (1, 1, [37]), (2, 1, [15, 100]), (1, 7, [20]),
                                              (2, 40, [0, 33])])
 def test_paged_attention_matches_numpy(batch, seq, pasts):
-    from jitllm.lowering.kernels.cpu.attention import _attention_serial, attention_kernel
+    from jitllm.lowering.kernels.cpu.attention import (
+        _attention_serial,
+        attention_kernel,
+    )
 
     cfg = ModelConfig("llama", 1, 576, 9, 3, 64, 1536, 100, 8192, 1e5, 1e-5)
     kind = BlockKind("llama", cfg, (), 16)

@@ -6,7 +6,6 @@ x86-64-v3 where AVX2/FMA/F16C exist, plain x86-64 otherwise, and a generic targe
 
 from __future__ import annotations
 
-import os
 import platform
 from functools import lru_cache
 
@@ -140,30 +139,14 @@ def host_isa() -> str:
     return "avx2" if host_target_dict().get("mcpu") == "x86-64-v3" else "generic"
 
 
-def configure_threads(threads: int | None = None) -> int:
-    """Size TVM's CPU thread pool (parallel kernels) before its first use; returns the size asked for.
-
-    TVM reads TVM_NUM_THREADS when a thread first launches a parallel kernel and otherwise takes half the
-    logical CPUs on x86 (one thread on a 2-vCPU VM). We default to every CPU this process may run on; an
-    explicit TVM_NUM_THREADS in the environment wins. After the pool exists, changes have no effect.
-    """
-    if "TVM_NUM_THREADS" not in os.environ or threads is not None:
-        if threads is None:
-            try:
-                threads = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                threads = os.cpu_count() or 1
-        os.environ["TVM_NUM_THREADS"] = str(max(1, threads))
-    return int(os.environ["TVM_NUM_THREADS"])
-
-
 class LlvmTarget(KernelSet):
     """Host CPU kernels: kernels/cpu (imported only to compile, since a runtime-only TVM has no TVMScript).
 
     `kernels`: "exact" (f32 activations; the default, and what the transformers comparisons use) or
     "fast" (int8-quantized activations with AVX2 integer dot products for the GGML formats; on hosts
     without AVX2 the quantized formats fall back to the exact kernels). `isa` defaults to the host's.
-    `threads`: size of TVM's thread pool (None: all CPUs of the process, unless TVM_NUM_THREADS is set).
+    The worker count is no part of an artifact: the kernels read the pool's size when they run
+    (kernels/cpu/avx2.py), and the runtime sizes the pool (runtime/workers.py).
 
     Capabilities: decode steps run a batch-1, seq-1 variant of each kind (static shapes cut the Relax
     VM's work per block from ~235 to ~150 instructions, ~18 us of ~100 us on the 2-vCPU VM); Q/K/V and
@@ -177,14 +160,13 @@ class LlvmTarget(KernelSet):
                       kernels_flag="cpu-kernels")
     sources = ("targets/llvm.py", "kernels/cpu")
 
-    def __init__(self, kernels: str = "exact", isa: str | None = None, threads: int | None = None):
+    def __init__(self, kernels: str = "exact", isa: str | None = None):
         if kernels not in KERNELS:
             raise JitllmError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
         if isa not in (None, "generic", host_isa()):
             raise JitllmError(f"CPU kernels for {isa!r} cannot run on this host ({host_isa()})")
         self.kernels = kernels
         self.isa = isa or host_isa()
-        self.threads = configure_threads(threads)
 
     @classmethod
     def from_options(cls, arch: str | None, kernels: str) -> "LlvmTarget":
@@ -195,7 +177,7 @@ class LlvmTarget(KernelSet):
         """`rows`: static token count of decode variants; the CPU kernels take any M, so it is unused."""
         from jitllm.lowering.kernels.cpu.linear import linear_kernel
 
-        return linear_kernel(wtype, n, k, self.kernels, self.isa, self.threads)
+        return linear_kernel(wtype, n, k, self.kernels, self.isa)
 
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels.cpu.attention import attention_kernel
@@ -235,5 +217,4 @@ class LlvmTarget(KernelSet):
             return tvm.compile(mod, target=self.tvm_target(), relax_pipeline=relax_pipeline())
 
     def cache_key(self) -> dict:
-        return {"target": host_target_dict(), "arch": platform.machine(), "kernels": self.kernels,
-                "isa": self.isa, "threads": self.threads}
+        return {"target": host_target_dict(), "arch": platform.machine(), "kernels": self.kernels, "isa": self.isa}

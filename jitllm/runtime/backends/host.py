@@ -13,6 +13,12 @@ HOST = "host"
 CAPS = BackendCaps("tvm", unified_memory=True)
 
 
+def pool_size() -> int:
+    """The calling thread's TVM worker pool size (TVM starts the pool here if no kernel has yet: size it
+    first, runtime/workers.py)."""
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
 def host_device(kernels: str = "exact") -> Device:
     """The host CPU; `kernels` is the CPU kernel family ("exact" f32 activations, "fast" int8 activations,
     see jitllm/lowering/targets/llvm.py)."""

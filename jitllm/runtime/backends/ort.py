@@ -18,11 +18,11 @@ from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import RECURRENT
 from jitllm.ir.blocks import activation_inputs, block_type, weight_inputs
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.targets.llvm import configure_threads
 from jitllm.lowering.targets.onnxruntime import OnnxRuntimeTarget
 from jitllm.runtime.backends.base import BackendCaps, Layout
 from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
+from jitllm.runtime.workers import host_workers
 
 CAPS = BackendCaps("numpy", unified_memory=True)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -86,7 +86,7 @@ class OrtBackend:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = configure_threads()  # (the host's worker count: one knob for both)
+        options.intra_op_num_threads = host_workers().count  # (the host's worker count: one knob for both)
         provider = (PROVIDERS["cuda"], {"device_id": self.ordinal}) if self.provider == "cuda" else PROVIDERS["cpu"]
         try:
             session = onnxruntime.InferenceSession(str(path), options, providers=[provider])

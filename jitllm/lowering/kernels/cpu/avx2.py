@@ -111,65 +111,74 @@ PREFETCH_BYTES = 6 * 1024
 """Software prefetch distance in the AVX2 kernels (a 1536x576 Q4_1 matvec: 41 -> 32 us on one thread)."""
 
 
-MAIN_SHARE = 0.5
-"""Share of a token's row groups the calling thread (task 0) takes: the worker threads start later."""
+MAX_TASKS = 64
+"""Most tasks a one-token call splits its rows over (its activation scratch has a row per task)."""
 
 
-def avx2_driver(G: int, NB: int, threads: int, weight_bytes: int, row_block, main_share: float | None = None,
-                warm=None, warm_groups: int = 0, half_sums: bool = False):
+def worker_count():
+    """The calling thread's TVM pool size, read at run time (at most MAX_TASKS): one artifact serves any
+    worker count, so TVM_NUM_THREADS, the CPU mask or the core count never change a cache key."""
+    return T.min(T.call_packed("runtime.NumThreads"), MAX_TASKS)
+
+
+def avx2_driver(G: int, NB: int, weight_bytes: int, row_block, warm=None, warm_groups: int = 0,
+                half_sums: bool = False):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
     (cnt tokens: y rows m0.., activation rows t0..).
 
-    One token: each of `threads` tasks quantizes x itself (no serial section, no barrier) and takes a
-    contiguous share of the row groups; small matrices run on the calling thread alone. Several tokens:
-    x is quantized in parallel, then the tokens are walked in chunks of MB (their activations stay in L2)
-    with MT tokens per weight decode, parallel over row groups.
+    One token: each of the pool's workers (counted when the kernel runs, worker_count) is one task that
+    quantizes x itself (no serial section, no barrier) and takes an equal contiguous share of the row groups;
+    small matrices and a one-worker pool run on the calling thread alone. Several tokens: x is quantized in
+    parallel, then the tokens are walked in chunks of MB (their activations stay in L2) with MT tokens per
+    weight decode, parallel over row groups.
 
     `warm(qs, d, mn, g, b)` prefetches one block of a row group: each one-token task first requests its
     first `warm_groups` groups, so their DRAM reads overlap the activation quantization instead of
     starting when the loop reaches them (every call starts its streams cold). `half_sums`: xs holds the
     activation sums per half block (quantize_activations)."""
     quantize = quantize_activations(half_sums)
-    serial = weight_bytes < SERIAL_BYTES or threads < 2
-    NT = max(1, threads)
-    # task 0 (the calling thread) takes rows [0, G0), the other tasks split the rest evenly
-    G0 = G if NT == 1 else max(1, min(G, round(G * (MAIN_SHARE if main_share is None else main_share))))
-    GC = (G - G0 + NT - 2) // max(1, NT - 1)
+    small = weight_bytes < SERIAL_BYTES
     NBP = (NB + 15) // 16 * 16 + 16  # per-token scale rows padded to whole cache lines (no false sharing)
+
+    @T.macro
+    def one_token_serial(x, qs, d, mn, y, xe, xd, xs):
+        for g in T.serial(min(warm_groups, G)):
+            for b in T.serial(NB):
+                warm(qs, d, mn, g, b)
+        for b in T.serial(NB):
+            quantize(x, xe, xd, xs, 0, 0, b)
+        for g in T.serial(G):
+            for r in T.vectorized(R):
+                y[0, g, r] = T.float32(0)
+            for b in T.serial(NB):
+                row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, 0, 1)
 
     @T.macro
     def body(x, qs, d, mn, y):
         M = x.shape[0]
-        xe = T.alloc_buffer((T.max(M, T.int64(NT)), NB, 8, 32), "int8")
-        xd = T.alloc_buffer((T.max(M, T.int64(NT)), NBP), "float32")
-        xs = T.alloc_buffer((T.max(M, T.int64(NT)), NBP * (2 if half_sums else 1)), "float32")
+        xe = T.alloc_buffer((T.max(M, T.int64(MAX_TASKS)), NB, 8, 32), "int8")
+        xd = T.alloc_buffer((T.max(M, T.int64(MAX_TASKS)), NBP), "float32")
+        xs = T.alloc_buffer((T.max(M, T.int64(MAX_TASKS)), NBP * (2 if half_sums else 1)), "float32")
         if M == 1:
-            if serial:
-                for g in T.serial(min(warm_groups, G)):
-                    for b in T.serial(NB):
-                        warm(qs, d, mn, g, b)
-                for b in T.serial(NB):
-                    quantize(x, xe, xd, xs, 0, 0, b)
-                for g in T.serial(G):
-                    for r in T.vectorized(R):
-                        y[0, g, r] = T.float32(0)
-                    for b in T.serial(NB):
-                        row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, 0, 1)
+            if small:
+                one_token_serial(x, qs, d, mn, y, xe, xd, xs)
             else:
-                for task in T.parallel(NT):
-                    for g in T.serial(T.if_then_else(task == 0, 0, T.min(G0 + (task - 1) * GC, G)),
-                                      T.if_then_else(task == 0, min(warm_groups, G0),
-                                                     T.min(G0 + (task - 1) * GC + warm_groups, G))):
+                nt: T.let = T.min(worker_count(), G)
+                if nt < 2:
+                    one_token_serial(x, qs, d, mn, y, xe, xd, xs)
+                else:
+                    share: T.let = (G + nt - 1) // nt
+                    for task in T.parallel(nt):
+                        for g in T.serial(task * share, T.min(task * share + T.min(warm_groups, share), G)):
+                            for b in T.serial(NB):
+                                warm(qs, d, mn, g, b)
                         for b in T.serial(NB):
-                            warm(qs, d, mn, g, b)
-                    for b in T.serial(NB):
-                        quantize(x, xe, xd, xs, 0, task, b)
-                    for g in T.serial(T.if_then_else(task == 0, 0, G0 + (task - 1) * GC),
-                                      T.if_then_else(task == 0, G0, T.min(G0 + task * GC, G))):
-                        for r in T.vectorized(R):
-                            y[0, g, r] = T.float32(0)
-                        for b in T.serial(NB):
-                            row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, task, 1)
+                            quantize(x, xe, xd, xs, 0, task, b)
+                        for g in T.serial(task * share, T.min((task + 1) * share, G)):
+                            for r in T.vectorized(R):
+                                y[0, g, r] = T.float32(0)
+                            for b in T.serial(NB):
+                                row_block(qs, d, mn, xe, xd, xs, y, g, b, 0, task, 1)
         else:
             for m in T.parallel(M):
                 for b in T.serial(NB):

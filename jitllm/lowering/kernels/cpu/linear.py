@@ -48,12 +48,10 @@ KERNELS = ("exact", "fast")
 ISAS = ("avx2", "generic")
 
 
-def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic", threads: int = 1
+def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic"
                   ) -> tuple[str, tvm.tirx.PrimFunc]:
     """(global symbol, PrimFunc) computing y[M, N/R, R] from x[M, K] (or [M, K/32, 32]) and the weight parts.
-
-    `threads`: the thread pool size the fast kernels split a single token's rows over (part of the
-    target's cache key)."""
+    The fast kernels split a single token's rows over the workers the pool has when they run (avx2.py)."""
     if kernels not in KERNELS:
         raise ValueError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
     g, variant = n // R, "exact"
@@ -61,11 +59,11 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
         func, variant = _float_fast(wtype, g, k), "fast"
     elif wtype in WIDE_TYPES:
         fast = kernels == "fast" and isa == "avx2"
-        func, variant = linear_wide_kernel(wtype, g, k, fast, threads), "avx2" if fast else "exact"
+        func, variant = linear_wide_kernel(wtype, g, k, fast), "avx2" if fast else "exact"
     elif kernels == "fast" and isa == "avx2" and wtype in ("q4_0", "q4_1"):
-        func, variant = _q4_avx2(wtype, g, k, threads), "avx2"
+        func, variant = _q4_avx2(wtype, g, k), "avx2"
     elif kernels == "fast" and isa == "avx2" and wtype == "q8_0":
-        func, variant = _q8_0_avx2(g, k, threads), "avx2"
+        func, variant = _q8_0_avx2(g, k), "avx2"
     else:
         factory = {"f32": _float, "f16": _float, "bf16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
         func = factory(wtype, g, k)
@@ -213,8 +211,8 @@ def _float_fast(wtype: str, G: int, K: int):
     return f
 
 
-def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int = PREFETCH_BYTES,
-             prefetch_scales: bool = False, main_share: float | None = None, warm: bool = True):
+def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, prefetch_scales: bool = False,
+             warm: bool = True):
     NB = K // QUANT_BLOCK
     S = W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
@@ -266,8 +264,7 @@ def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int =
             if is_q4_1:
                 T.evaluate(prefetch(mn, [g, b, 0]))
 
-    body = avx2_driver(G, NB, threads, G * NB * (16 + 2 * 2) * R, row_block, main_share, warm_block,
-                        PF if warm else 0)
+    body = avx2_driver(G, NB, G * NB * (16 + 2 * 2) * R, row_block, warm_block, PF if warm else 0)
 
     if is_q4_1:
         @T.prim_func
@@ -291,7 +288,7 @@ def _q4_avx2(wtype: str, G: int, K: int, threads: int = 1, prefetch_bytes: int =
     return f0
 
 
-def _q8_0_avx2(G: int, K: int, threads: int = 1):
+def _q8_0_avx2(G: int, K: int):
     """Signed x signed: |w| (u8) times sign(x, w) with vpmaddubsw; 16-bit pairs of two chunks are
     interleaved so one vpmaddwd adds them per row without overflow."""
     NB = K // QUANT_BLOCK
@@ -346,7 +343,7 @@ def _q8_0_avx2(G: int, K: int, threads: int = 1):
         if b % 4 == 0:
             T.evaluate(prefetch(d, [g, b, 0]))
 
-    body = avx2_driver(G, NB, threads, G * NB * (32 + 2) * R, row_block, None, warm_block, PF)
+    body = avx2_driver(G, NB, G * NB * (32 + 2) * R, row_block, warm_block, PF)
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"), y_h: T.handle):

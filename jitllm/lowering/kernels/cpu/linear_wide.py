@@ -33,11 +33,11 @@ from jitllm.lowering.kernels.formats import (
 R = ROW_GROUP
 
 
-def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool, threads: int = 1) -> tvm.tirx.PrimFunc:
+def linear_wide_kernel(wtype: str, G: int, K: int, fast: bool) -> tvm.tirx.PrimFunc:
     """x [M, K/32, 32], the parts of `wtype`, y [M, G, R]; `fast`: the AVX2 kernel (kernels/cpu/avx2.py)."""
     if wtype not in WIDE_TYPES:
         raise ValueError(f"{wtype} is not one of {', '.join(WIDE_TYPES)}")
-    body = _fast(wtype, G, K, threads) if fast else _exact(wtype, G, K)
+    body = _fast(wtype, G, K) if fast else _exact(wtype, G, K)
     (qs_shape, qs_dtype), (qh_shape, qh_dtype), (sc_shape, sc_dtype), (mn_shape, mn_dtype), (d_shape, d_dtype), \
         (d2_shape, d2_dtype), unused = union_buffers(wtype, G, K)  # (TVMScript signatures take names, not subscripts)
     NB = K // QUANT_BLOCK
@@ -100,7 +100,7 @@ def _shifted(v, shift: int):
     return T.shift_right(v, T.uint8x32(-shift))
 
 
-def _fast(wtype: str, G: int, K: int, threads: int):
+def _fast(wtype: str, G: int, K: int):
     """The fast family's body(x, weights, _, _, y): avx2.avx2_driver around this format's block step."""
     NB = K // QUANT_BLOCK
     bits = HIGH_BITS.get(wtype, 0)
@@ -191,4 +191,4 @@ def _fast(wtype: str, G: int, K: int, threads: int):
         if b % 4 == 0:
             T.evaluate(prefetch(ws[4], [g, b // PER_SUPER if k_quant else b, 0]))
 
-    return avx2_driver(G, NB, threads, weight_bytes, row_block, None, warm_block, PF, half_sums=wtype == "q6_k")
+    return avx2_driver(G, NB, weight_bytes, row_block, warm_block, PF, half_sums=wtype == "q6_k")

@@ -148,10 +148,10 @@ def expr_tree(e) -> int | float | str | list:
 def _host_function(func: tirx.PrimFunc, kernels: dict) -> dict:
     """A TIR function's host part: params [{shape, dtype}], and its steps in order: ["let", name, expr]
     and ["launch", kernel, [param index of each storage binding], [pod exprs], [grid exprs]]."""
-    params, data_of = [], {}  # buffer name -> parameter index
+    params, data_of = [], {}  # buffer (its object handle) -> parameter index
     for i, buf in enumerate(func.params):  # (a parameter is its buffer)
         params.append({"shape": [expr_tree(d) for d in buf.shape], "dtype": str(buf.dtype)})
-        data_of[buf.name] = i
+        data_of[buf.__chandle__()] = i
     steps: list = []
 
     def visit(stmt) -> None:
@@ -164,7 +164,7 @@ def _host_function(func: tirx.PrimFunc, kernels: dict) -> dict:
             steps.append(["let", stmt.var.name, expr_tree(stmt.value)])
             visit(stmt.body)
         elif isinstance(stmt, tirx.DeclBuffer):  # a view over a parameter's data (tirx.buffer_data(param))
-            data_of[stmt.buffer.name] = data_of.get(_buffer_of(stmt.buffer.data))
+            data_of[stmt.buffer.__chandle__()] = data_of.get(_buffer_of(stmt.data))
         elif isinstance(stmt, tirx.AttrStmt):
             visit(stmt.body)
         elif isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call):
@@ -176,10 +176,11 @@ def _host_function(func: tirx.PrimFunc, kernels: dict) -> dict:
     return {"params": params, "steps": steps}
 
 
-def _buffer_of(data) -> str | None:
-    """The name of the buffer whose data `data` is (tirx.buffer_data(buffer)), or None."""
+def _buffer_of(data) -> int | None:
+    """The buffer whose data `data` is (tirx.buffer_data(buffer)), by object identity (names repeat: a
+    split's outputs are all `T_split`), or None."""
     if isinstance(data, tvm.ir.Call) and data.op.name == "tirx.buffer_data":
-        return data.args[0].name
+        return data.args[0].__chandle__()
     return None
 
 

@@ -56,8 +56,9 @@ class WgpuTensor:
 
     @property
     def key(self) -> tuple:
-        """What a recording of a call over this tensor depends on (wgpu_plan)."""
-        return id(self.buffer), self.offset, self.shape
+        """What a recording of a call over this tensor depends on (wgpu_plan): the buffer's uid, which wgpu
+        never reuses (an `id()` of a freed buffer can come back on a new one and replay a stale binding)."""
+        return self.buffer.uid, self.offset, self.shape
 
     def view(self, shape: tuple[int, ...], dtype: str, offset: int) -> "WgpuTensor":
         return WgpuTensor(self.buffer, self.offset + offset, tuple(int(d) for d in shape), dtype, self.backend)
@@ -84,8 +85,9 @@ class WgpuBackend:
         self._pipelines: dict[tuple[str, str], object] = {}
         self._encoder = None
         self._pass = None
-        self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0}
-        """Counters for benchmarks: dispatches encoded, submits, pipelines created and the time that took."""
+        self._fence = None
+        self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0}
+        """Counters: dispatches encoded, submits, pipelines created (and the seconds that took), bind groups made."""
 
     # -- memory ----------------------------------------------------------------------------------
     def _buffer(self, nbytes: int):
@@ -158,8 +160,12 @@ class WgpuBackend:
         return out
 
     def synchronize(self) -> None:
+        """Submit, then wait by reading a word (a read maps after all submitted work; wgpu 0.32's
+        on_submitted_work_done_sync fails on its own callback's signature)."""
         self.flush()
-        self.device.queue.on_submitted_work_done_sync()
+        if self._fence is None:
+            self._fence = self._buffer(4)
+        self.device.queue.read_buffer(self._fence, 0, 4)
 
     def constant(self, binding: dict) -> WgpuTensor:
         """A Relax constant of a package, uploaded once."""
@@ -196,6 +202,7 @@ class WgpuBackend:
             size = min(_padded(t.nbytes), t.buffer.size - t.offset)
             entries.append({"binding": i, "resource": {"buffer": t.buffer, "offset": t.offset, "size": size}})
         entries.append({"binding": len(tensors), "resource": {"buffer": uniform, "offset": 0, "size": uniform.size}})
+        self.stats["bind_groups"] += 1
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def encode(self, dispatches: list[Dispatch]) -> None:

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jitllm.core.errors import JitllmError
 
 RECORDINGS = 64
-"""Argument sets whose recordings one callable keeps (each block of a kind is one; prefill lengths come and go)."""
+"""Argument sets whose recordings one callable keeps (each block of a kind is one)."""
+KEPT_SCRATCH = 8 << 20
+"""A recording whose outputs and intermediates take more bytes than this (a prefill's) is used once and
+dropped: a prefill's inputs are new buffers every time, so it would never be replayed, and keeping it
+would keep its activations."""
 MAX_GROUPS = 65535
 """Workgroups per grid dimension WebGPU guarantees; a larger x is folded into z (TVM's packGridDimX)."""
 
@@ -153,16 +158,19 @@ class RelaxProgram:
         self._recordings: OrderedDict = OrderedDict()
         self._constants = {b["id"]: backend.constant(b) for b in spec["bindings"] if b["op"] == "const"}
 
-    def record(self, args: list) -> tuple[list[Dispatch], object]:
+    def record(self, args: list) -> tuple[list[Dispatch], object, int]:
+        """(dispatches, output, bytes allocated for outputs and intermediates)."""
         env: dict[str, int] = {}
         bind_shapes(self.spec["params"], args, env, self.name)
         values = {p["id"]: a for p, a in zip(self.spec["params"], args)}
         values.update(self._constants)
         dispatches: list[Dispatch] = []
+        allocated = 0
         for b in self.spec["bindings"]:
             op = b["op"]
             if op == "call":
                 outs = [self.backend.empty(tuple(evaluate(d, env) for d in o["shape"]), o["dtype"]) for o in b["outs"]]
+                allocated += sum(o.nbytes for o in outs)
                 dispatches += self.functions[b["function"]].record([values[a] for a in b["args"]] + outs)
                 values[b["id"]] = tuple(outs) if b["tuple"] else outs[0]
             elif op == "reshape":
@@ -175,24 +183,29 @@ class RelaxProgram:
             elif op == "alias":
                 values[b["id"]] = values[b["arg"]]
         output = self.spec["output"]
-        return dispatches, tuple(values[i] for i in output) if isinstance(output, list) else values[output]
+        return (dispatches, tuple(values[i] for i in output) if isinstance(output, list) else values[output],
+                allocated)
 
     def __call__(self, *args):
         if len(args) != len(self.spec["params"]):
             raise JitllmError(f"{self.name}: {len(args)} arguments where it takes {len(self.spec['params'])}")
         key = tuple(a.key for a in args)
-        dispatches, output = _recalled(self._recordings, key, lambda: self.record(list(args)))
+        dispatches, output, _ = _recalled(self._recordings, key, lambda: self.record(list(args)),
+                                          lambda found: found[2])
         self.backend.encode(dispatches)
         return output
 
 
-def _recalled(recordings: OrderedDict, key, record):
-    """The recording for `key` (made by `record()` the first time), most recently used last."""
+def _recalled(recordings: OrderedDict, key, record, scratch: Callable[[object], int] = lambda found: 0):
+    """The recording for `key` (made by `record()` the first time, and kept where `scratch(recording)`, the
+    bytes it allocated, is at most KEPT_SCRATCH), most recently used last."""
     found = recordings.get(key)
     if found is None:
-        found = recordings[key] = record()
-        if len(recordings) > RECORDINGS:
-            recordings.popitem(last=False)
+        found = record()
+        if scratch(found) <= KEPT_SCRATCH:
+            recordings[key] = found
+            if len(recordings) > RECORDINGS:
+                recordings.popitem(last=False)
     else:
         recordings.move_to_end(key)
     return found

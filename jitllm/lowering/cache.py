@@ -125,7 +125,8 @@ def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
 
 
 def _write_kernel_package(kind: BlockKind, target: Target, dest: Path) -> None:
-    dest.write_text(json.dumps(target.package(_imported(kind, target)), separators=(",", ":")))
+    package = target.package(kind, lambda: _imported(kind, target))
+    dest.write_text(json.dumps(package, separators=(",", ":")))
 
 
 def _write_onnx(kind: BlockKind, target: Target, dest: Path) -> None:

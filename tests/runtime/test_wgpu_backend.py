@@ -71,6 +71,7 @@ def test_greedy_tokens_on_vulkan_are_the_hosts(vulkan, tiny_model, cache_dir):
     host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
     on_vulkan = load(tiny_model, devices=vulkan, ctx=128, cache_dir=cache_dir, no_gpu_fallback=True)
     assert {u.device.name for u in on_vulkan.executor.blocks} == {vulkan}
+    assert on_vulkan.executor.head.program_for(1).argmax is not None  # (the pick is made on the device)
     expected = list(host.generate_ids(PROMPT, 12, greedy))
     assert list(on_vulkan.generate_ids(PROMPT, 12, greedy)) == expected
 

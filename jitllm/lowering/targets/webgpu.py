@@ -19,11 +19,13 @@ KERNELS = ("exact",)
 
 class WebGpuTarget(KernelSet):
     """Capabilities: Q/K/V and gate/up stacked (one dispatch each, and the layout the host and CUDA use,
-    so a move is one copy of a block's weights); int32 indexing. No decode variants yet: a decode step
-    runs the general kind with one row."""
+    so a move is one copy of a block's weights); int32 indexing; a batch-1, seq-1 decode variant of each
+    kind, whose linears have one static row (dlight's GEMV rule schedules them, where the general kind's
+    matmul schedule pads the row to a 32-row tile) and whose head picks the greedy token on the device.
+    The runtime appends a decode step's K and V after its `main` (no fused append yet)."""
 
     name = "webgpu"
-    caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, index_bits=32)
+    caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, index_bits=32)
     sources = ("targets/webgpu.py", "kernels/webgpu", "kernels/cuda/basic.py", "kernels/cuda/pages.py",
                "kernels/formats.py")
 
@@ -47,10 +49,8 @@ class WebGpuTarget(KernelSet):
         return tvm.target.Target({"kind": "webgpu"}, host={"kind": "llvm"})
 
     def linear_kernel(self, wtype: str, n: int, k: int, rows: int | None = None):
-        from jitllm.lowering.kernels.webgpu.linear import TYPES, linear_kernel
+        from jitllm.lowering.kernels.webgpu.linear import linear_kernel
 
-        if wtype not in TYPES:
-            raise JitllmError(f"target webgpu has no kernel for {wtype} weights yet ({', '.join(TYPES)} only)")
         return linear_kernel(wtype, n, k, rows)
 
     def attention_kernel(self, kind):
@@ -73,8 +73,15 @@ class WebGpuTarget(KernelSet):
 
         return argmax_kernel(vocab)
 
-    def package(self, mod) -> dict:
-        """The kernel package of an imported block (lowering/kernel_package.py)."""
+    def package(self, kind, imported) -> dict:
+        """The kernel package of `kind` (lowering/kernel_package.py) from `imported()`, its Relax import,
+        once the kind's weight types are known to have kernels here (refused before the import: TVM
+        leaves a half-built module behind when a converter raises)."""
         from jitllm.lowering.kernel_package import build_package
+        from jitllm.lowering.kernels.webgpu.linear import TYPES
 
-        return build_package(mod, self.tvm_target())
+        missing = sorted({spec.wtype for spec in kind.linears} - set(TYPES))
+        if missing:
+            raise JitllmError(f"target webgpu has no kernel for {', '.join(missing)} weights yet "
+                              f"({', '.join(TYPES)} only)")
+        return build_package(imported(), self.tvm_target())

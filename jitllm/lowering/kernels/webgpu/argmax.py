@@ -1,5 +1,7 @@
 """The greedy pick for WGSL: the first largest logit's index, by one workgroup (WebGPU has no warp
-shuffles in TVM's codegen, so the reduction goes through workgroup memory)."""
+shuffles in TVM's codegen, so the reduction goes through workgroup memory). Each thread keeps its own
+best (value, index) in registers; the tree halves the active threads each level, a thread taking the
+other half's best only when it is larger, or equal at a smaller index."""
 
 from __future__ import annotations
 
@@ -22,26 +24,32 @@ def argmax_kernel(vocab: int) -> tuple[str, tvm.tirx.PrimFunc]:
                 best = T.alloc_buffer((NT,), "float32", scope="shared")
                 at = T.alloc_buffer((NT,), "int32", scope="shared")
                 mine = T.alloc_buffer((1,), "float32", scope="local")
-                where = T.alloc_buffer((1,), "int32", scope="local")
+                best_at = T.alloc_buffer((1,), "int32", scope="local")
+                other = T.alloc_buffer((1,), "float32", scope="local")
+                other_at = T.alloc_buffer((1,), "int32", scope="local")
                 mine[0] = T.float32(-3.4e38)
-                where[0] = T.int32(vocab)
+                best_at[0] = T.int32(vocab)
                 for i in T.serial(steps):
                     c: T.let = i * NT + tx
                     if c < vocab:
                         if logits[0, 0, c] > mine[0]:  # (later indices win only when larger: the first is kept)
                             mine[0] = logits[0, 0, c]
-                            where[0] = c
+                            best_at[0] = c
                 best[tx] = mine[0]
-                at[tx] = where[0]
+                at[tx] = best_at[0]
                 T.tvm_storage_sync("shared")
-                for level in T.unroll(8):  # NT = 2**8
-                    half: T.let = NT >> (level + 1)
+                for level in T.unroll(8):  # NT = 2**8: read the other half, wait, then write (two phases,
+                    half: T.let = NT >> (level + 1)  # since TVM's sync planner cannot sync inside a condition)
                     if tx < half:
-                        other: T.let = best[tx + half]
-                        other_at: T.let = at[tx + half]
-                        if other > best[tx] or (other == best[tx] and other_at < at[tx]):
-                            best[tx] = other
-                            at[tx] = other_at
+                        other[0] = best[tx + half]
+                        other_at[0] = at[tx + half]
+                    T.tvm_storage_sync("shared")
+                    if tx < half:
+                        if other[0] > mine[0] or (other[0] == mine[0] and other_at[0] < best_at[0]):
+                            mine[0] = other[0]
+                            best_at[0] = other_at[0]
+                        best[tx] = mine[0]
+                        at[tx] = best_at[0]
                     T.tvm_storage_sync("shared")
                 if tx == 0:
                     token[0] = at[0]

@@ -156,3 +156,39 @@ def test_block_and_head_kinds_on_vulkan_against_numpy(vulkan, wtype, cache_dir):
     x = rng.standard_normal((2, 3, cfg.hidden)).astype(np.float32)
     out = program.main(backend.upload(x), *[backend.upload(weights[n]) for n, _, _ in weight_inputs(head)])
     assert np.abs(backend.download(out) - head_forward(head, weights, x)).max() < 5e-5
+
+
+def test_a_fault_on_vulkan_finishes_on_the_host(vulkan, tiny_model, cache_dir):
+    from jitllm.runtime.backends import make_device
+    from jitllm.runtime.backends.fake import with_faults
+    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.runtime.inventory import detect_inventory
+
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    expected = list(host.generate_ids(PROMPT, 12, SamplingParams(0.0)))
+    device = with_faults(make_device(parse_devices(vulkan, detect_inventory())[0]))
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[device])
+    model.move("*", vulkan)
+    model.move("head", vulkan)
+    out = []
+    for i, token in enumerate(model.generate_tokens(PROMPT, 12, SamplingParams(0.0))):
+        out.append(token)
+        if i == 3:
+            device.backend.faults.launch = True
+    assert out == expected
+    assert {u.device.name for u in model.executor.blocks} == {"host"}
+
+
+def test_the_cli_runs_and_moves_blocks_on_vulkan_with_the_hosts_tokens(vulkan, tiny_model, cache_dir):
+    import subprocess
+    import sys
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "jitllm", "run", "-n", "10", "-temp", "0", "-cpu-kernels", "exact",
+                               "-cache", str(cache_dir), *flags, str(tiny_model), "hello"],
+                              capture_output=True, text=True, timeout=600)
+
+    host, moving = run("-devices", "cpu"), run("-devices", vulkan, "-move-at", "4:0=host,head=host")
+    assert host.returncode == 0 and moving.returncode == 0, moving.stderr
+    assert moving.stdout == host.stdout
+    assert f"moved block 0 {vulkan} -> host" in moving.stderr and f"moved head {vulkan} -> host" in moving.stderr

@@ -86,8 +86,10 @@ class WgpuBackend:
         self._encoder = None
         self._pass = None
         self._fence = None
-        self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0}
-        """Counters: dispatches encoded, submits, pipelines created (and the seconds that took), bind groups made."""
+        self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0,
+                      "encode_seconds": 0.0}
+        """Counters: dispatches encoded (and the host seconds that took), submits, pipelines created (and the
+        seconds that took), bind groups made."""
 
     # -- memory ----------------------------------------------------------------------------------
     def _buffer(self, nbytes: int):
@@ -207,6 +209,7 @@ class WgpuBackend:
 
     def encode(self, dispatches: list[Dispatch]) -> None:
         """Dispatches into the open compute pass (one is begun where none is open)."""
+        start = time.perf_counter()
         if self._pass is None:
             self._pass = self._encoding().begin_compute_pass()
         compute = self._pass
@@ -215,6 +218,7 @@ class WgpuBackend:
             compute.set_bind_group(0, d.bind_group)
             compute.dispatch_workgroups(*d.groups)
         self.stats["dispatches"] += len(dispatches)
+        self.stats["encode_seconds"] += time.perf_counter() - start
 
     def _encoding(self):
         if self._encoder is None:

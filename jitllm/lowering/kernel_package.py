@@ -22,9 +22,8 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from jitllm.core.errors import JitllmError
+from jitllm.lowering import KERNEL_PACKAGE_FORMAT
 
-FORMAT = 1
-"""The package layout's version (runtime/backends/wgpu_plan.py reads it)."""
 DEVICE_KERNEL_LAUNCH = 2
 """TVM's calling convention of a device kernel (CallingConv::kDeviceKernelLaunch)."""
 
@@ -80,9 +79,8 @@ def build_package(mod: tvm.IRModule, target: tvm.target.Target) -> dict:
         (device if conv is not None and int(conv) == DEVICE_KERNEL_LAUNCH else host)[gv] = func
     kernels = _kernels(tvm.IRModule(device), target)
     functions = {gv.name_hint: _host_function(f, kernels) for gv, f in host.items()}
-    programs = {gv.name_hint: _program(f, functions) for gv, f in mod.functions.items()
-                if isinstance(f, relax.Function)}
-    return {"format": FORMAT, "kernels": kernels, "functions": functions, "programs": programs}
+    programs = {gv.name_hint: _program(f) for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    return {"format": KERNEL_PACKAGE_FORMAT, "kernels": kernels, "functions": functions, "programs": programs}
 
 
 def _kernels(device: tvm.IRModule, target: tvm.target.Target) -> dict:
@@ -199,7 +197,7 @@ def _launch(call: tvm.ir.Call, data_of: dict, kernels: dict) -> list:
     return ["launch", name, bound, [expr_tree(p) for p in pods], [expr_tree(g) for g in grid]]
 
 
-def _program(func: relax.Function, functions: dict) -> dict:
+def _program(func: relax.Function) -> dict:
     """A Relax function's params [{shape, dtype}] and bindings [{op, ...}] over numbered values."""
     ids: dict = {}
 
@@ -215,11 +213,11 @@ def _program(func: relax.Function, functions: dict) -> dict:
     bindings = []
     for block in func.body.blocks:
         for b in block.bindings:
-            bindings.append({"id": value_id(b.var), **_binding(b.value, value_id, shape_of, functions)})
+            bindings.append({"id": value_id(b.var), **_binding(b.value, value_id)})
     return {"params": params, "bindings": bindings, "output": _output(func.body.body, value_id)}
 
 
-def _binding(value, value_id, shape_of, functions: dict) -> dict:
+def _binding(value, value_id) -> dict:
     if isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_tir"):
         callee, args = value.args[0], value.args[1]
         if len(value.args) > 2:

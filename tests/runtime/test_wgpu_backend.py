@@ -192,3 +192,17 @@ def test_the_cli_runs_and_moves_blocks_on_vulkan_with_the_hosts_tokens(vulkan, t
     assert host.returncode == 0 and moving.returncode == 0, moving.stderr
     assert moving.stdout == host.stdout
     assert f"moved block 0 {vulkan} -> host" in moving.stderr and f"moved head {vulkan} -> host" in moving.stderr
+
+
+def test_speed_measures_vulkan_beside_the_host(vulkan, tiny_model, cache_dir):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jitllm", "speed", "-targets", "llvm,vulkan", "-p", "8", "-n", "2",
+                          "-r", "1", "-cache", str(cache_dir), str(tiny_model)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if line.startswith("| tiny")]
+    assert [(r[2], r[3], r[4]) for r in rows] == [("llvm", "host", "pp8"), ("llvm", "host", "tg2"),
+                                                   ("vulkan", "vulkan", "pp8"), ("vulkan", "vulkan", "tg2")]

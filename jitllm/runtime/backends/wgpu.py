@@ -20,7 +20,7 @@ import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.config import BlockKind
-from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EXPORT_PAGES, IMPORT_PAGES
+from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EXPORT_PAGES, IMPORT_PAGES, KERNEL_PACKAGE_FORMAT
 from jitllm.lowering.targets.webgpu import WebGpuTarget
 from jitllm.runtime.backends.base import BackendCaps, Layout
 from jitllm.runtime.backends.wgpu_adapters import open_adapter
@@ -30,8 +30,6 @@ from jitllm.runtime.program import Program
 
 CAPS = BackendCaps("wgpu")
 UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True)
-PACKAGE_FORMAT = 1
-"""The kernel package layout this runtime reads (jitllm.lowering.kernel_package.FORMAT)."""
 
 
 def make_device(choice, cpu_kernels: str, gpu_kernels: str) -> Device:
@@ -244,8 +242,8 @@ class WgpuBackend:
             package = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise JitllmError(f"cannot load kernel package {path}: {e}") from None
-        if not isinstance(package, dict) or package.get("format") != PACKAGE_FORMAT:
-            raise JitllmError(f"cannot load kernel package {path}: not format {PACKAGE_FORMAT}")
+        if not isinstance(package, dict) or package.get("format") != KERNEL_PACKAGE_FORMAT:
+            raise JitllmError(f"cannot load kernel package {path}: not format {KERNEL_PACKAGE_FORMAT}")
         kernels = Kernels(self, package["kernels"])
         functions = {name: HostFunction(name, spec, kernels) for name, spec in package["functions"].items()}
         main = RelaxProgram("main", package["programs"]["main"], functions, self)

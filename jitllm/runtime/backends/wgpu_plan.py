@@ -107,12 +107,11 @@ class Kernels:
         spec = self.specs[name]
         dims = dict(zip(spec["launch"], grid))
         x, y, z = (int(dims.get(f"blockIdx.{a}", 1)) for a in "xyz")
+        pack = x - 1  # (the kernel skips workgroups past it: a folded grid has a ragged last row)
         if x > MAX_GROUPS:
             if z != 1:
                 raise JitllmError(f"webgpu: kernel {name} needs {x} x {z} workgroups")
-            x, z, pack = MAX_GROUPS, -(-x // MAX_GROUPS), x - 1
-        else:
-            pack = x - 1
+            x, z = MAX_GROUPS, -(-x // MAX_GROUPS)
         values = b"".join(struct.pack("<f" if t.startswith("float") else "<i", v) for t, v in zip(spec["pods"], pods))
         uniform = self.backend.uniform(values + struct.pack("<I", pack))
         pipeline = self.pipelines[name]

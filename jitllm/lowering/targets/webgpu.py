@@ -2,7 +2,8 @@
 (runtime/backends/wgpu.py). TVM's only WebGPU runtime is JavaScript, so the artifact is a kernel package
 (lowering/kernel_package.py): every kernel's WGSL and the launch plan a small Python runtime follows.
 
-Kernels: linears over quant words (kernels/webgpu/linear.py, scheduled by dlight's GPU rules), the SIMT
+Kernels: linears over quant words (kernels/webgpu/linear.py: prefill scheduled by dlight, decode matvecs
+hand-written), the SIMT
 paged attention, KV append and page kernels shared with CUDA (kernels/cuda/basic.py, pages.py; int32
 indices after ForceNarrowIndexToInt32), the greedy pick (kernels/webgpu/argmax.py); norms, RoPE and SwiGLU
 are the graph's own ops, legalized and scheduled by dlight.
@@ -20,8 +21,9 @@ KERNELS = ("exact",)
 class WebGpuTarget(KernelSet):
     """Capabilities: Q/K/V and gate/up stacked (one dispatch each, and the layout the host and CUDA use,
     so a move is one copy of a block's weights); int32 indexing; a batch-1, seq-1 decode variant of each
-    kind, whose linears have one static row (dlight's GEMV rule schedules them, where the general kind's
-    matmul schedule pads the row to a 32-row tile) and whose head picks the greedy token on the device.
+    kind, whose linears have one static row (a matvec of its own, kernels/webgpu/linear.gemv_kernel, where
+    the general kind's matmul schedule pads the row to a 32-row tile) and whose head picks the greedy token
+    on the device.
     The runtime appends a decode step's K and V after its `main` (no fused append yet)."""
 
     name = "webgpu"

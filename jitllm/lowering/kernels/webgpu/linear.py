@@ -1,6 +1,7 @@
 """Linears over the row-interleaved weight layouts (core/layouts.py) with the quant bytes read as 32-bit
-words: an unscheduled compute definition (dequantize + matmul) that dlight schedules for WebGPU, GEMV
-rules for one row and matmul rules for more.
+words: for any number of rows an unscheduled compute definition (dequantize + matmul) that dlight's matmul
+rule schedules; for one row (decode variants) a matvec written here (dlight's rules gave the compute
+definition one output row per thread).
 
 A row group's R = 8 bytes at one (block, position) are two words: row r's byte is byte r % 4 of word
 r // 4, so each byte is a shift and a mask of a word (q8_0: a signed byte, shifted up to the word's top

@@ -36,6 +36,7 @@ TARGET_PRESETS = {
     "ort": TargetPreset("ort", "onnxruntime", "ort", "ort", "ONNX Runtime's CPU execution provider on the block graphs"),
     "cuda": TargetPreset("cuda", "cuda", "cuda", "cuda:0", "TVM's CUDA kernels on cuda:0"),
     "ort:cuda": TargetPreset("ort:cuda", "onnxruntime", "ort", "ort:cuda", "ONNX Runtime's CUDA execution provider"),
+    "vulkan": TargetPreset("vulkan", "webgpu", "vulkan", "vulkan:0", "TVM's WGSL kernels through wgpu on vulkan:0"),
 }
 """What `jitllm speed -targets` names (`-targets list` prints them)."""
 

@@ -159,7 +159,7 @@ def test_speed_compares_targets_in_one_table(tiny_model, cache_dir):
     assert [r[6] for r in rows[:2]] == ["1.00x", "1.00x"] and all(float(r[6].rstrip("x")) > 0 for r in rows)
     listed = jitllm("speed", "-targets", "list", cache=cache_dir)
     assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == [
-        "llvm", "ort", "cuda", "ort:cuda"]
+        "llvm", "ort", "cuda", "ort:cuda", "vulkan"]
     assert_one_line_error(jitllm("speed", "-targets", "llvm,tpu", str(tiny_model), cache=cache_dir), "unknown tpu")
 
 

@@ -8,7 +8,7 @@ import click
 
 from jitllm.commands.common import WEIGHT_TYPES, opt, regular_file
 
-TARGET_NAMES = ("llvm", "cuda", "onnxruntime")
+TARGET_NAMES = ("llvm", "cuda", "onnxruntime", "webgpu")
 """jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
 
 

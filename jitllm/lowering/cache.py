@@ -37,7 +37,7 @@ from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.compile_child import run_in_child
-from jitllm.lowering.target import ARTIFACT_SUFFIXES, ONNX_FILE, SHARED_LIBRARY, Target
+from jitllm.lowering.target import ARTIFACT_SUFFIXES, KERNEL_PACKAGE, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1
 POLICIES = ("on", "off", "redo", "readonly")
@@ -50,7 +50,8 @@ def cache_policy() -> str:
     return policy
 
 
-FORMAT_SOURCES = {SHARED_LIBRARY: ("__init__.py", "onnx_import.py"), ONNX_FILE: ()}
+FORMAT_SOURCES = {SHARED_LIBRARY: ("__init__.py", "onnx_import.py"),
+                  KERNEL_PACKAGE: ("__init__.py", "onnx_import.py", "kernel_package.py"), ONNX_FILE: ()}
 """What every artifact of a format is generated from, beside its target's own sources."""
 
 
@@ -108,7 +109,8 @@ def _family_flag(target: Target) -> str:
     return "" if flag is None or target.kernels == "fast" else f" -{flag} {target.kernels}"
 
 
-def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
+def _imported(kind: BlockKind, target: Target):
+    """The block imported to Relax for `target` (lowering/onnx_import.py)."""
     try:
         from jitllm.lowering.onnx_import import to_relax
     except Exception:  # ImportError, or TVM failing half-way through importing relax without its compiler
@@ -116,9 +118,12 @@ def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
             f"no compiled {kind.kind} artifact for target {target.name} and this TVM has no compiler "
             f"(runtime-only); run `jitllm compile -target {target.name}{_family_flag(target)} MODEL` where TVM is "
             "complete") from None
+    return to_relax(kind, build_block_graph(kind), target)
 
+
+def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
     def compile_and_export() -> None:
-        executable = target.build(to_relax(kind, build_block_graph(kind), target))
+        executable = target.build(_imported(kind, target))
         workspace = dest.parent / "build"  # (the link's objects: inside the temporary directory, never in /tmp)
         workspace.mkdir()
         executable.export_library(str(dest), workspace_dir=str(workspace))
@@ -127,11 +132,16 @@ def _write_shared_library(kind: BlockKind, target: Target, dest: Path) -> None:
     run_in_child(compile_and_export)  # (SIGTERM and Ctrl-C end the command mid-compile: compile_child.py)
 
 
+def _write_kernel_package(kind: BlockKind, target: Target, dest: Path) -> None:
+    package = target.package(kind, lambda: _imported(kind, target))
+    dest.write_text(json.dumps(package, separators=(",", ":")))
+
+
 def _write_onnx(kind: BlockKind, target: Target, dest: Path) -> None:
     dest.write_bytes(build_block_graph(kind).SerializeToString())
 
 
-WRITERS = {SHARED_LIBRARY: _write_shared_library, ONNX_FILE: _write_onnx}
+WRITERS = {SHARED_LIBRARY: _write_shared_library, KERNEL_PACKAGE: _write_kernel_package, ONNX_FILE: _write_onnx}
 """Artifact format -> how an artifact of it is written (to a temporary path, renamed into place after)."""
 
 

@@ -21,7 +21,8 @@ KERNEL_PACKAGE = "kernel-package"
 """Kernel sources and a launch plan for a runtime that compiles them itself (webgpu's WGSL)."""
 ONNX_FILE = "onnx"
 """The block's ONNX graph itself, run by a runtime that takes ONNX (ONNX Runtime)."""
-ARTIFACT_SUFFIXES = {SHARED_LIBRARY: ".so", KERNEL_PACKAGE: ".json", ONNX_FILE: ".onnx"}
+ARTIFACT_SUFFIXES = {SHARED_LIBRARY: ".so", KERNEL_PACKAGE: ".kernels", ONNX_FILE: ".onnx"}
+"""(Not .json, the suffix of every artifact's sidecar beside it.)"""
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def _size(text: str, entry: str) -> int:
 def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -> list[GpuDevice]:
     kind, colon, sel = spec.partition(":")
     kind = kind.lower()
-    hardware = [g for g in inventory.gpus if not g.software]
+    hardware = [g for g in inventory.gpus if not g.software and g.unusable is None]
     if not colon and kind == "cpu":
         return []
     if not colon and kind == "auto":
@@ -135,9 +135,9 @@ def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -
         n = _ordinal(sel, entry)
         if n >= len(inventory.gpus):
             raise JitllmError(f"{entry}: no such GPU (jitllm hardware lists {len(inventory.gpus)})")
-        return [inventory.gpus[n]]
+        return [_usable(inventory.gpus[n], entry)]
     if kind in BACKENDS:
-        return [_by_backend(kind, sel if colon else None, entry, inventory, timer)]
+        return [_usable(_by_backend(kind, sel if colon else None, entry, inventory, timer), entry)]
     if kind == "sim":
         return [_simulated(_ordinal(sel, entry) if colon else 0, inventory)]
     if kind == "ort":
@@ -153,7 +153,7 @@ def _by_backend(backend: str, sel: str | None, entry: str, inventory: Inventory,
     if sel is None:
         if not views:
             raise JitllmError(f"{entry}: no {label} on this machine")
-        return _rank(views, timer)[0]
+        return _rank([v for v in views if v.unusable is None] or views, timer)[0]
     if backend == "metal":
         raise JitllmError(f"{entry}: metal takes no selector")
     if _DIGITS.fullmatch(sel.strip()):
@@ -171,6 +171,13 @@ def _by_backend(backend: str, sel: str | None, entry: str, inventory: Inventory,
         names = ", ".join(f"{v.spec_name} {v.name}" for v in found)
         raise JitllmError(f"{entry}: '{sel}' matches {len(found)} {label}s ({names}); name one by index")
     return found[0]
+
+
+def _usable(device: GpuDevice, entry: str) -> GpuDevice:
+    """`device`, named explicitly, unless blocks cannot run on it (GpuDevice.unusable)."""
+    if device.unusable is not None:
+        raise JitllmError(f"{entry}: {device.spec_name} cannot run blocks: {device.unusable}")
+    return device
 
 
 def _simulated(n: int, inventory: Inventory) -> GpuDevice:

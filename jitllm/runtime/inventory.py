@@ -51,6 +51,9 @@ class GpuDevice:
     software: bool = False
     spec: str | None = None
     """Its -devices name where that is not `backend:ordinal` (ONNX Runtime's `ort`, `ort:cuda:0`)."""
+    unusable: str | None = None
+    """Why blocks cannot run on it (a wgpu adapter without a feature the kernels need), None where they
+    can: listed and refused with this reason when named, never picked by auto/all/gpu."""
 
     @property
     def spec_name(self) -> str:
@@ -199,8 +202,12 @@ def _text(value: bytes | str) -> str:
 
 # ---- Vulkan and Metal through wgpu ---------------------------------------------------------------
 
+WGPU_FEATURES = ("shader-f16",)
+"""wgpu features the webgpu target's kernels need (f16 weight scales; runtime/backends/wgpu_adapters.py)."""
+
+
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """Vulkan drivers print setup chatter (XDG_RUNTIME_DIR, ICD probing) straight to fd 2."""
     saved = os.dup(2)
     try:
@@ -212,21 +219,35 @@ def _quiet_stderr():
         os.close(saved)
 
 
+_ADAPTERS: list | None = None
+
+
+def wgpu_adapters() -> list:
+    """(adapter, backend) of every Vulkan adapter (and Metal on macOS) in wgpu's order, enumerated once per
+    process (the -devices ordinals `vulkan:N` count these); none where wgpu or its driver is missing."""
+    global _ADAPTERS
+    if _ADAPTERS is None:
+        try:
+            with quiet_stderr():
+                import wgpu
+
+                adapters = wgpu.gpu.enumerate_adapters_sync()
+        except Exception:  # a missing or broken native driver must not stop detection
+            adapters = []
+        _ADAPTERS = []
+        for adapter in adapters:
+            backend = str(adapter.info.get("backend_type", "")).lower()
+            if backend == "vulkan" or (backend == "metal" and sys.platform == "darwin"):
+                _ADAPTERS.append((adapter, backend))
+    return _ADAPTERS
+
+
 def _wgpu_views(cpu: CpuInfo) -> list[tuple[GpuDevice, int]]:
     """Vulkan adapters (and Metal on macOS) in wgpu's order, each with its PCI id."""
-    try:
-        with _quiet_stderr():
-            import wgpu
-
-            adapters = wgpu.gpu.enumerate_adapters_sync()
-    except Exception:  # a missing or broken native driver must not stop detection
-        return []
     views, ordinals = [], {"vulkan": 0, "metal": 0}
-    for adapter in adapters:
+    for adapter, backend in wgpu_adapters():
         info = adapter.info
-        backend = str(info.get("backend_type", "")).lower()
-        if backend not in ordinals or (backend == "metal" and sys.platform != "darwin"):
-            continue
+        missing = [f for f in WGPU_FEATURES if f not in adapter.features]
         kind = str(info.get("adapter_type", ""))
         shared = kind in ("IntegratedGPU", "CPU") or (backend == "metal" and kind != "DiscreteGPU")
         view = GpuDevice(
@@ -234,6 +255,7 @@ def _wgpu_views(cpu: CpuInfo) -> list[tuple[GpuDevice, int]]:
             name=str(info.get("device") or info.get("description") or "unknown adapter"),
             total_bytes=cpu.total_bytes if shared else 0, free_bytes=cpu.free_bytes if shared else 0,
             unified=shared, software=kind == "CPU",
+            unusable=f"the adapter lacks {', '.join(missing)}, which the webgpu kernels need" if missing else None,
         )
         ordinals[backend] += 1
         views.append((view, (int(info.get("device_id", 0)) << 16) | int(info.get("vendor_id", 0))))

@@ -7,11 +7,13 @@ from jitllm.lowering.target import Target
 from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.lowering.targets.onnxruntime import OnnxRuntimeTarget
+from jitllm.lowering.targets.webgpu import WebGpuTarget
 
 TARGETS: dict[str, type] = {
     "llvm": LlvmTarget,
     "cuda": CudaTarget,
     "onnxruntime": OnnxRuntimeTarget,
+    "webgpu": WebGpuTarget,
 }
 """Target name -> class; each class builds itself from CLI options with `from_options(arch, kernels)`."""
 

@@ -1,0 +1,208 @@
+"""Blocks on Vulkan through wgpu (lavapipe in CI: Mesa's CPU Vulkan, slow, so the models are tiny): every
+step's logits those of the host's exact kernels, greedy tokens identical, blocks and the head moving
+between the host and Vulkan mid-generation with their KV pages, and a decode step one submit whose
+dispatches are recorded once and replayed. A missing adapter skips these (with the reason) on a developer's
+machine and fails them where CI=true (CI installs lavapipe: .ci/run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jitllm.model import load
+from jitllm.random_model import write_random_model
+from jitllm.runtime.sampling import SamplingParams
+
+pytestmark = pytest.mark.vulkan
+PROMPT = list(range(4, 30))
+MOVES = {2: "0=vulkan:0", 5: "head=vulkan:0", 9: "*=vulkan:0", 14: "0=host", 19: "*=host,head=host",
+         23: "*=vulkan:0,head=vulkan:0"}
+
+
+@pytest.fixture(scope="module")
+def vulkan(setup_failed) -> str:
+    try:
+        import wgpu  # noqa: F401
+    except ImportError:
+        setup_failed("wgpu is not installed (pip install 'jitllm[vulkan]')")
+    from jitllm.runtime.inventory import wgpu_adapters
+
+    if not any(api == "vulkan" for _, api in wgpu_adapters()):
+        setup_failed("no Vulkan adapter (apt-get install mesa-vulkan-drivers libvulkan1 gives lavapipe)")
+    return "vulkan:0"
+
+
+def _stepwise(model, moves: dict[int, str], steps: int) -> list[np.ndarray]:
+    """Each step's logits, the greedy pick fed back, with `moves` made before the given steps."""
+    ex = model.executor
+    session = ex.new_session()
+    logits = [ex.forward(session, PROMPT)]
+    for step in range(steps):
+        if step in moves:
+            for part in moves[step].split(","):
+                model.move(*part.split("="))
+        logits.append(ex.forward(session, [int(np.argmax(logits[-1]))]))
+    return logits
+
+
+def _close(expected: list[np.ndarray], got: list[np.ndarray]) -> None:
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(expected, got))
+    assert worst < 1e-4 * max(float(np.abs(a).max()) for a in expected), worst
+    assert [int(np.argmax(a)) for a in expected] == [int(np.argmax(b)) for b in got]
+
+
+@pytest.fixture(scope="module")
+def host_logits(tiny_model, cache_dir) -> list[np.ndarray]:
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    return _stepwise(host, {}, 28)
+
+
+def test_blocks_move_between_vulkan_and_the_host_with_their_pages(vulkan, tiny_model, cache_dir, host_logits):
+    moving = load(tiny_model, devices=vulkan, placement="*=host,head=host", ctx=128, cache_dir=cache_dir,
+                  cpu_kernels="exact", no_gpu_fallback=True)
+    got = _stepwise(moving, MOVES, 28)
+    assert [u.device.name for u in moving.executor.blocks] == [vulkan] * len(moving.executor.blocks)
+    assert moving.executor.head.device.name == vulkan
+    _close(host_logits, got)
+
+
+def test_greedy_tokens_on_vulkan_are_the_hosts(vulkan, tiny_model, cache_dir):
+    greedy = SamplingParams(0.0)
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    on_vulkan = load(tiny_model, devices=vulkan, ctx=128, cache_dir=cache_dir, no_gpu_fallback=True)
+    assert {u.device.name for u in on_vulkan.executor.blocks} == {vulkan}
+    assert on_vulkan.executor.head.program_for(1).argmax is not None  # (the pick is made on the device)
+    expected = list(host.generate_ids(PROMPT, 12, greedy))
+    assert list(on_vulkan.generate_ids(PROMPT, 12, greedy)) == expected
+
+
+def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, cache_dir):
+    model = load(tiny_model, devices=vulkan, ctx=128, cache_dir=cache_dir, no_gpu_fallback=True)
+    stats = model.devices[vulkan].backend.stats
+    ex = model.executor
+    session = ex.new_session()
+    token = int(np.argmax(ex.forward(session, PROMPT)))
+    prefilled = dict(stats)
+    token = int(np.argmax(ex.forward(session, [token])))  # (the first decode step records)
+    recorded = dict(stats)
+    step = recorded["dispatches"] - prefilled["dispatches"]
+    assert recorded["submits"] - prefilled["submits"] == 1 and step > 0
+    for _ in range(3):
+        token = int(np.argmax(ex.forward(session, [token])))
+    assert stats["submits"] - recorded["submits"] == 3
+    assert stats["dispatches"] - recorded["dispatches"] == 3 * step
+    assert (stats["pipelines"], stats["bind_groups"]) == (recorded["pipelines"], recorded["bind_groups"])
+
+
+@pytest.mark.parametrize("wtype", ["f32", "f16", "q8_0", "q4_0"])
+def test_each_weight_type_on_vulkan_gives_the_hosts_logits(vulkan, wtype, tmp_path, cache_dir):
+    path = tmp_path / f"tiny-{wtype}.jlm"
+    write_random_model(path, "tiny", wtype, seed=2)
+    host = load(path, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact")
+    on_vulkan = load(path, devices=vulkan, ctx=64, cache_dir=cache_dir, no_gpu_fallback=True)
+    _close(_stepwise(host, {}, 3), _stepwise(on_vulkan, {}, 3))
+
+
+KERNEL_SHAPES = [(1, 1, [0]), (1, 3, [0]), (1, 1, [37]), (2, 3, [16, 5])]
+"""(batch, new tokens, history per sequence): decode, a prompt, a page-crossing history, a ragged batch."""
+
+
+@pytest.mark.parametrize("wtype", ["q4_1", "q8_0"])
+def test_block_and_head_kinds_on_vulkan_against_numpy(vulkan, wtype, cache_dir):
+    """A block kind's and a head's programs called straight on the backend over random weights and paged
+    history, against tests/reference.py; the KV append and page export/import kernels too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from reference import block_forward, head_forward, paged_inputs, random_weights
+
+    from jitllm.ir.blocks import activation_inputs, weight_inputs
+    from jitllm.ir.head import head_kind
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
+    from jitllm.lowering.cache import get_artifact
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets.webgpu import WebGpuTarget
+    from jitllm.random_model import PRESETS
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+
+    target, cfg = WebGpuTarget(), PRESETS["tiny"]
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    rng = np.random.default_rng(5)
+    kind = kind_for_target(llama_block_kind(cfg, {n: wtype for n in BLOCK_LINEARS}), target)
+    program = backend.load(get_artifact(kind, target, cache_dir).path, kind, True)
+    weights = random_weights(kind, rng)
+    names = [n for n, _, _ in activation_inputs(kind) + weight_inputs(kind)]
+    for batch, seq, pasts in KERNEL_SHAPES:
+        feeds = {**paged_inputs(kind, rng, batch, seq, pasts), **weights}
+        inputs = [backend.upload(feeds[n]) for n in names]
+        got = [backend.download(o) for o in program.main(*inputs)]
+        ref = block_forward(kind, weights, **{n: feeds[n] for n, _, _ in activation_inputs(kind)})
+        for a, b in zip(got, ref):
+            assert np.abs(a - b).max() < 5e-5, (batch, seq, pasts)
+        pages, table, past = (inputs[names.index(n)] for n in ("pages", "page_table", "past"))
+        k, v = (backend.upload(r) for r in ref[1:])
+        program.append(pages, k, v, table, past)
+        pool = backend.download(pages)
+        slot, at = feeds["page_table"][0, pasts[0] // kind.page_size], pasts[0] % kind.page_size
+        assert np.array_equal(pool[slot, 0, :, at], ref[1][0, 0]) and np.array_equal(pool[slot, 1, :, at], ref[2][0, 0])
+        ids = np.array([slot, 0], np.int32)
+        out = backend.empty((2, *pool.shape[1:]), "float32")
+        program.export_pages(pages, backend.upload(ids), out)
+        assert np.array_equal(backend.download(out), pool[ids])
+    head = kind_for_target(head_kind(cfg, wtype), target)
+    program = backend.load(get_artifact(head, target, cache_dir).path, head, False)
+    weights = random_weights(head, rng)
+    x = rng.standard_normal((2, 3, cfg.hidden)).astype(np.float32)
+    out = program.main(backend.upload(x), *[backend.upload(weights[n]) for n, _, _ in weight_inputs(head)])
+    assert np.abs(backend.download(out) - head_forward(head, weights, x)).max() < 5e-5
+
+
+def test_a_fault_on_vulkan_finishes_on_the_host(vulkan, tiny_model, cache_dir):
+    from jitllm.runtime.backends import make_device
+    from jitllm.runtime.backends.fake import with_faults
+    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.runtime.inventory import detect_inventory
+
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
+    expected = list(host.generate_ids(PROMPT, 12, SamplingParams(0.0)))
+    device = with_faults(make_device(parse_devices(vulkan, detect_inventory())[0]))
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", extra_devices=[device])
+    model.move("*", vulkan)
+    model.move("head", vulkan)
+    out = []
+    for i, token in enumerate(model.generate_tokens(PROMPT, 12, SamplingParams(0.0))):
+        out.append(token)
+        if i == 3:
+            device.backend.faults.launch = True
+    assert out == expected
+    assert {u.device.name for u in model.executor.blocks} == {"host"}
+
+
+def test_the_cli_runs_and_moves_blocks_on_vulkan_with_the_hosts_tokens(vulkan, tiny_model, cache_dir):
+    import subprocess
+    import sys
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "jitllm", "run", "-n", "10", "-temp", "0", "-cpu-kernels", "exact",
+                               "-cache", str(cache_dir), *flags, str(tiny_model), "hello"],
+                              capture_output=True, text=True, timeout=600)
+
+    host, moving = run("-devices", "cpu"), run("-devices", vulkan, "-move-at", "4:0=host,head=host")
+    assert host.returncode == 0 and moving.returncode == 0, moving.stderr
+    assert moving.stdout == host.stdout
+    assert f"moved block 0 {vulkan} -> host" in moving.stderr and f"moved head {vulkan} -> host" in moving.stderr
+
+
+def test_speed_measures_vulkan_beside_the_host(vulkan, tiny_model, cache_dir):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jitllm", "speed", "-targets", "llvm,vulkan", "-p", "8", "-n", "2",
+                          "-r", "1", "-cache", str(cache_dir), str(tiny_model)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.stdout.splitlines()
+            if line.startswith("| tiny")]
+    assert [(r[2], r[3], r[4]) for r in rows] == [("llvm", "host", "pp8"), ("llvm", "host", "tg2"),
+                                                   ("vulkan", "vulkan", "pp8"), ("vulkan", "vulkan", "tg2")]

@@ -19,8 +19,8 @@ from jitllm.core.atomic import writable_target
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
 from jitllm.core.layouts import check_linear_shape, weight_parts
-from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
+from jitllm.ir.blocks import block_file_weights, block_kind, block_linear_specs
+from jitllm.ir.config import LinearSpec, ModelConfig
 
 from .gguf_source import GgufSource
 from .hf_source import HfSource
@@ -122,9 +122,11 @@ def _weight_types(source: Source, cfg: ModelConfig, dtype: str | None) -> dict:
     head = embd if cfg.tied_head else check("output", (cfg.vocab, cfg.hidden))
     blocks = []
     for i in range(cfg.num_blocks):
-        check(f"blk.{i}.attn_norm", norm)
-        check(f"blk.{i}.ffn_norm", norm)
-        blocks.append({lin: check(f"blk.{i}.{lin}", shape) for lin, shape in block_linear_shapes(cfg).items()})
+        types = {lin: check(f"blk.{i}.{lin}", shape) for lin, shape in block_linear_specs(cfg, i).items()}
+        for name, shape, spec in block_file_weights(block_kind(cfg, i, types), i):
+            if spec is None:
+                check(name, shape)
+        blocks.append(types)
     return {"token_embd": embd, "output": head, "blocks": blocks}
 
 
@@ -155,19 +157,19 @@ def _plans(source: Source, cfg: ModelConfig, weights: dict) -> list[RegionPlan]:
         if not cfg.tied_head:
             yield from linear("output", weights["output"])
 
-    def block_arrays(i: int, types: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
-        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
-            yield f"blk.{i}.{norm_name}", source.floats(f"blk.{i}.{norm_name}")
-            for lin in linears:
-                yield from linear(f"blk.{i}.{lin}", types[lin])
+    def block_arrays(contents: list[tuple[str, tuple[int, ...], LinearSpec | None]]
+                     ) -> Iterator[tuple[str, np.ndarray]]:
+        for name, _, spec in contents:
+            if spec is None:
+                yield name, source.floats(name)
+            else:
+                yield from linear(name, spec.wtype)
 
     plans = [RegionPlan("globals", tuple(globals_specs), globals_arrays)]
-    shapes = block_linear_shapes(cfg)
     for i, types in enumerate(weights["blocks"]):
+        contents = block_file_weights(block_kind(cfg, i, types), i)
         specs = []
-        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
-            specs.append(norm(f"blk.{i}.{norm_name}"))
-            for lin in linears:
-                specs += linear_specs(f"blk.{i}.{lin}", types[lin], shapes[lin])
-        plans.append(RegionPlan(f"block.{i}", tuple(specs), lambda i=i, types=types: block_arrays(i, types)))
+        for name, shape, spec in contents:
+            specs += [TensorSpec(name, shape, "float32")] if spec is None else linear_specs(name, spec.wtype, shape)
+        plans.append(RegionPlan(f"block.{i}", tuple(specs), lambda contents=contents: block_arrays(contents)))
     return plans

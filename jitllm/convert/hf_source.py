@@ -1,4 +1,4 @@
-"""A Hugging Face llama/mistral directory as a conversion source (config.json, *.safetensors, tokenizer files).
+"""A Hugging Face llama/mistral/qwen3 directory as a conversion source (config.json, *.safetensors, tokenizer files).
 
 Safetensors are read straight from a memory map (no torch; bf16 stays bf16, widened to f32 by hand where
 floats are asked for). q_proj and k_proj rows are permuted into GGUF's order, so RoPE rotates interleaved
@@ -24,8 +24,13 @@ from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import check_token_settings, stop_token_ids
 
+from .rope_rows import permute_rows
+
 # config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "llama": "llama", "mistral": "mistral"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3",
+                 "llama": "llama", "mistral": "mistral", "qwen3": "qwen3"}
+QK_NORM_ARCHS = ("qwen3",)
+"""Architectures whose attention RMS-normalises each head of q and k (ModelConfig.qk_norm)."""
 HF_ROPE_TYPES = ("linear", "llama3", "yarn")
 """config.json rope types beside "default" (transformers' ROPE_INIT_FUNCTIONS names)."""
 # safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
@@ -37,14 +42,9 @@ _CONFIG_KEYS = {"num_blocks": "num_hidden_layers", "hidden": "hidden_size", "hea
 """ModelConfig field -> its config.json key."""
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
-
-
-def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF's half-split RoPE rows -> GGUF's interleaved rows (llama.cpp convert_hf_to_gguf's permute)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 class HfSource:
@@ -83,6 +83,8 @@ class HfSource:
             w = permute_rows(w, self.config.heads)
         elif name.endswith(".attn_k"):
             w = permute_rows(w, self.config.kv_heads)
+        elif name.endswith((".attn_q_norm", ".attn_k_norm")):  # (one head's values, in the rows' new order)
+            w = permute_rows(w, 1)
         return w
 
     def parts(self, name: str, wtype: str) -> dict[str, np.ndarray]:
@@ -112,11 +114,16 @@ class HfSource:
         if not isinstance(name, str) or name not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {shown(name)} (supported: {', '.join(ARCHITECTURES)})")
         _, rope = _rope_parameters(c, where)
-        for flag in ("attention_bias", "mlp_bias"):
+        for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
             if c.get(flag):
                 raise JitllmError(f"{flag} is not supported")
-        values: dict[str, Any] = {"arch": ARCHITECTURES[name], "context": 2048, "rope_theta": 10000.0,
-                                  "rms_eps": 1e-6, "tied_head": False}
+        layer_types = c.get("layer_types") or []
+        if any(t != "full_attention" for t in layer_types):
+            raise JitllmError(f"layer types {shown(sorted(set(layer_types) - {'full_attention'}))} are not "
+                              "supported (only full attention)")
+        arch = ARCHITECTURES[name]
+        values: dict[str, Any] = {"arch": arch, "context": 2048, "rope_theta": 10000.0,
+                                  "rms_eps": 1e-6, "tied_head": False, "qk_norm": arch in QK_NORM_ARCHS}
         values |= {f: c[key] for f, key in _CONFIG_KEYS.items() if c.get(key) is not None}
         if rope.get("rope_theta") is not None:
             values["rope_theta"] = rope["rope_theta"]

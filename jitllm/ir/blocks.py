@@ -7,8 +7,9 @@ import onnx
 from onnx import helper
 
 from jitllm.core.errors import JitllmError
+from jitllm.core.layouts import weight_parts
 from jitllm.ir.block_type import BlockType, Inputs
-from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.gla import GLA
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
 from jitllm.ir.head import HEAD
@@ -74,6 +75,27 @@ def block_linear_specs(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int
     t = _decoder_type(cfg, index)
     shapes = t.linear_shapes(cfg)
     return {n: shapes[n] for n in t.linear_names}
+
+
+def linear_of_input(kind: BlockKind) -> dict[str, tuple[str, str]]:
+    """Weight input name -> (its linear's name, the part it is) for every input that is a linear's part."""
+    return {f"{spec.name}_{part}": (spec.name, part) for spec in kind.linears
+            for part, _, _ in weight_parts(spec.wtype, spec.out_features, spec.in_features)}
+
+
+def block_file_weights(kind: BlockKind, index: int) -> list[tuple[str, tuple[int, ...], LinearSpec | None]]:
+    """What the file holds for block `index` of `kind` (an unfused kind), in call order: each linear by
+    name with its [out, in] and spec, each other weight (its norms) by name with its shape and None."""
+    parts, done = linear_of_input(kind), set()
+    out: list[tuple[str, tuple[int, ...], LinearSpec | None]] = []
+    for name, shape, _ in weight_inputs(kind):
+        if name not in parts:
+            out.append((f"blk.{index}.{name}", shape, None))
+        elif (linear := parts[name][0]) not in done:
+            done.add(linear)
+            spec = kind.linear(linear)
+            out.append((f"blk.{index}.{linear}", (spec.out_features, spec.in_features), spec))
+    return out
 
 
 def block_kind(cfg: ModelConfig, index: int, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:

@@ -95,6 +95,9 @@ class ModelConfig:
     """Kind of each block ("llama" or "gla"); empty means every block is "llama" (all files before hybrids)."""
     rope_scaling: RopeScaling = RopeScaling()
     """Plain RoPE unless the source declares a scaling (files before it have plain RoPE)."""
+    qk_norm: bool = False
+    """Attention blocks RMS-normalise each head of q and of k (weights attn_q_norm, attn_k_norm [head_dim])
+    before RoPE (Qwen3)."""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -102,6 +105,8 @@ class ModelConfig:
             del data["block_types"]  # pure llama headers stay as they were
         else:
             data["block_types"] = list(self.block_types)
+        if not self.qk_norm:
+            del data["qk_norm"]  # (as do headers without q/k norms)
         del data["rope_scaling"]
         if self.rope_scaling != RopeScaling():  # (plain-RoPE headers stay as they were too)
             data["rope_scaling"] = self.rope_scaling.to_json()

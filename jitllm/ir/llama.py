@@ -1,4 +1,5 @@
-"""The llama decoder block type: RMS norm, Q/K/V, rotary embedding, paged attention over the session's
+"""The llama decoder block type: RMS norm, Q/K/V (each head of q and k RMS-normalised where the config
+has `qk_norm`, as Qwen3's are), rotary embedding, paged attention over the session's
 KV pages, output projection and SwiGLU feed-forward.
 
 Weights are graph *inputs*, so one compiled artifact serves every block of the same kind. Positions
@@ -14,7 +15,17 @@ import onnx
 from jitllm.ir.block_type import KV_PAGES, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
-from jitllm.ir.layers import decoder_weight_inputs, ffn, ffn_linear_shapes, linear, linear_add, norm, norm_linear, rope
+from jitllm.ir.layers import (
+    decoder_weight_inputs,
+    ffn,
+    ffn_linear_shapes,
+    head_norm,
+    linear,
+    linear_add,
+    norm,
+    norm_linear,
+    rope,
+)
 from jitllm.ir.ops import PAGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -55,6 +66,12 @@ def fused_kind(kind: BlockKind) -> BlockKind:
     return replace(kind, linears=(fused[0], specs["attn_output"], fused[1], specs["ffn_down"]))
 
 
+def qk_norms(g: GraphBuilder, c: ModelConfig, q: str, k: str) -> tuple[str, str]:
+    """q and k with each head RMS-normalised (ModelConfig.qk_norm: weights attn_q_norm, attn_k_norm)."""
+    return (head_norm(g, q, c.heads, c.head_dim, "attn_q_norm", c.rms_eps),
+            head_norm(g, k, c.kv_heads, c.head_dim, "attn_k_norm", c.rms_eps))
+
+
 def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
     """Decode variants of fused kinds (and kinds for targets with folded prefill kernels) fold norms,
     residual adds, SwiGLU and rotary embedding into the linears' ops (jitllm.ir.ops); the others keep
@@ -68,17 +85,24 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
         up_spec = None
         qkv = norm_linear(g, "x", "attn_norm", c.rms_eps, qkv_spec, fold)
         split = g.const([q_dim, kv_dim, kv_dim])
+        if c.qk_norm:  # q and k normalised before the rotary op, stacked again where one op rotates them
+            q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
+            q, k = qk_norms(g, c, q, k)
+            if fold:
+                qkv = g.op("Concat", q, k, v, axis=-1)
         if fold and kind.decode:
             attn, k, v = g.op(ROTARY_ATTENTION, qkv, "cos", "sin", split, "pages", "page_table", "past",
                               outputs=3, domain=DOMAIN)
         elif fold:
             q, k, v = g.op(ROTARY_QKV, qkv, "cos", "sin", split, outputs=3, domain=DOMAIN)
-        else:
+        elif not c.qk_norm:
             q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
     else:
         q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
         h = norm(g, "x", "attn_norm", c.rms_eps)
         q, k, v = linear(g, h, q_spec), linear(g, h, k_spec), linear(g, h, v_spec)
+        if c.qk_norm:
+            q, k = qk_norms(g, c, q, k)
     if not fold:
         cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
         sin = g.op("Unsqueeze", "sin", g.const([2, 4]))

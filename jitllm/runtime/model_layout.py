@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.core.layouts import weight_parts
-from jitllm.ir.blocks import block_kind, block_type, weight_inputs
+from jitllm.ir.blocks import block_kind, block_type, linear_of_input, weight_inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.runtime.model_check import check_linears, check_tensors, weight_types
@@ -70,12 +70,11 @@ class ModelLayout:
 @functools.lru_cache(maxsize=1024)
 def _block_sources(kind: BlockKind, unit: int) -> tuple[tuple[str, ...], ...]:
     """ModelLayout.weight_sources of a block (~0.1 ms to derive; asked for on every load and move)."""
-    sources, fused = [], block_type(kind).fused_parts
+    sources, fused, parts = [], block_type(kind).fused_parts, linear_of_input(kind)
     for name, _, _ in weight_inputs(kind):
-        linear = next((s.name for s in kind.linears if name.startswith(s.name + "_")), None)
-        if linear is None:
+        if name not in parts:
             sources.append((f"blk.{unit}.{name}",))
         else:
-            part = name[len(linear) + 1:]
+            linear, part = parts[name]
             sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in fused.get(linear, (linear,))))
     return tuple(sources)

@@ -2,10 +2,15 @@
 conversion/llama.py and conversion/qwen.py) writes one from a transformers model with --outtype f32:
 the same tensor names, the same metadata keys, llama's Q/K rows permuted (LlamaModel.permute, also
 Mixtral) and qwen3's left in Hugging Face order (llama.cpp rotates those NeoX-style), each block's experts
-stacked into one [experts, rows, cols] tensor per projection (torch.stack over the expert index).
+stacked into one [experts, rows, cols] tensor per projection (torch.stack over the expert index; the
+state dict of transformers 5 holds them stacked already, gate and up in one gate_up_proj, which the script
+splits the same way).
 
 Written with the gguf package rather than by running the script: the script picks the pre-tokenizer by
-hashing a real tokenizer's output, which the tests' 264-token vocabulary does not have."""
+hashing a real tokenizer's output, which the tests' 264-token vocabulary does not have. Checked once against
+the script itself (its vocabulary readers patched to write this tiny vocabulary): for the Qwen3, Qwen3-MoE
+and Mixtral models of tests/test_qwen3.py and tests/test_moe.py both give the same tensor names, shapes and
+bytes and the same metadata keys and values outside tokenizer.* and general.*."""
 
 from __future__ import annotations
 
@@ -31,10 +36,11 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_llama_cpp_gguf(model, path: Path, arch: str, types: dict[str, str] | None = None,
-                         drop: tuple[str, ...] = ()) -> Path:
+                         drop: tuple[str, ...] = (), changed: dict[str, np.ndarray] | None = None) -> Path:
     """`model` (a transformers causal LM) as convert_hf_to_gguf.py writes it for `arch` ("llama" for
     Llama and Mixtral, "qwen3", "qwen3moe"). `types`: GGUF tensor name -> GGML type other than F32
-    (quantized with gguf's quantizers, as llama-quantize would); `drop`: tensors left out (bad inputs)."""
+    (quantized with gguf's quantizers, as llama-quantize would); `drop`: tensors left out, `changed`: tensors
+    replaced (bad inputs)."""
     c = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
@@ -55,6 +61,9 @@ def write_llama_cpp_gguf(model, path: Path, arch: str, types: dict[str, str] | N
     if getattr(c, "head_dim", None):
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
+    if arch == "llama":  # (LlamaModel.set_gguf_parameters)
+        w.add_vocab_size(c.vocab_size)
+        w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     meta = tiny_tokenizer_metadata("qwen2" if arch.startswith("qwen") else "llama-bpe")
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
@@ -76,6 +85,13 @@ def write_llama_cpp_gguf(model, path: Path, arch: str, types: dict[str, str] | N
     for name, arr in sd.items():
         _, _, block, rest = name.split(".", 3)
         module = rest.removesuffix(".weight")
+        if module.endswith("experts.gate_up_proj"):  # (transformers' in-memory layout: the experts already stacked)
+            half = arr.shape[1] // 2
+            tensors[f"blk.{block}.ffn_gate_exps"], tensors[f"blk.{block}.ffn_up_exps"] = arr[:, :half], arr[:, half:]
+            continue
+        if module.endswith("experts.down_proj"):
+            tensors[f"blk.{block}.ffn_down_exps"] = arr
+            continue
         if ".experts." in module:
             head, index, proj = module.rsplit(".", 2)
             stacks.setdefault(f"blk.{block}.{EXPERTS[proj]}", {})[int(index)] = arr
@@ -87,6 +103,7 @@ def write_llama_cpp_gguf(model, path: Path, arch: str, types: dict[str, str] | N
         tensors[f"blk.{block}.{ATTENTION[module]}"] = arr
     for name, per_expert in stacks.items():
         tensors[name] = np.stack([per_expert[i] for i in range(len(per_expert))])
+    tensors |= changed or {}
     for name, arr in tensors.items():
         if name in drop:
             continue

@@ -29,11 +29,11 @@ from jitllm.tokenizer.gguf_vocab import token_settings
 
 from .rope_rows import interleaved_order
 
-ARCHITECTURES = ("llama", "mistral", "qwen3")
-NEOX_ARCHS = ("qwen3",)
+ARCHITECTURES = ("llama", "mistral", "qwen3", "qwen3moe")
+NEOX_ARCHS = ("qwen3", "qwen3moe")
 """Archs llama.cpp rotates NeoX-style (LLAMA_ROPE_TYPE_NEOX): their q/k rows are stored in the Hugging
 Face order and permuted here (convert/rope_rows.py)."""
-QK_NORM_ARCHS = ("qwen3",)
+QK_NORM_ARCHS = ("qwen3", "qwen3moe")
 """Archs with per-head q/k RMS norms (blk.N.attn_q_norm, attn_k_norm; ModelConfig.qk_norm)."""
 # GGML tensor type -> the jitllm weight type it keeps when no -dtype is given (every other type, e.g. Q2_K,
 # Q3_K, the IQ and TQ types, MXFP4, is refused by name)
@@ -48,6 +48,9 @@ _CONFIG_KEYS = {"num_blocks": "block_count", "hidden": "embedding_length", "head
                 "ffn": "feed_forward_length", "context": "context_length", "rope_theta": "rope.freq_base",
                 "rms_eps": "attention.layer_norm_rms_epsilon"}
 """ModelConfig field -> its GGUF metadata key after "<arch>."."""
+_EXPERT_KEYS = {"experts": "expert_count", "experts_used": "expert_used_count",
+                "expert_ffn": "expert_feed_forward_length", "shared_ffn": "expert_shared_feed_forward_length"}
+"""The MoE fields (Mixtral's llama-arch GGUFs keep the experts' size in feed_forward_length)."""
 
 
 @dataclass(frozen=True)
@@ -135,18 +138,35 @@ class GgufSource:
         return interleaved_order(rows, heads)
 
     def _tensor(self, name: str) -> _Tensor:
+        stacked, _, expert = name.rpartition(".")
+        if stacked.endswith("_exps") and expert.isdigit():
+            return self._expert(stacked, int(expert))
         t = self._tensors.get(self.tensor_name(name))
         if t is None:
             raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
         return t
+
+    def _expert(self, stacked: str, expert: int) -> _Tensor:
+        """Expert `expert` of a block's [experts, rows, cols] tensor (blk.N.ffn_gate_exps), as a tensor of
+        its own (a view of its rows)."""
+        t = self._tensor(stacked)
+        if len(t.shape) != 3 or t.shape[0] != self.config.experts:
+            raise JitllmError(f"{self.tensor_name(stacked)}: shape {list(t.shape)}, expected "
+                              f"[{self.config.experts}, rows, cols] (one matrix per expert)")
+        return _Tensor(t.shape[1:], t.type_name, t.qtype, None if t.data is None else t.data[expert])
 
     def _config(self, meta: dict[str, Any], arch: str) -> ModelConfig:
         """The config from the metadata, typed and range-checked by ModelConfig.from_json (messages name the
         GGUF keys); the vocabulary is the embedding's row count."""
         p = f"{arch}."
         names = {field: p + key for field, key in _CONFIG_KEYS.items()}
+        names |= {field: p + key for field, key in _EXPERT_KEYS.items()}
         values: dict[str, Any] = {"arch": arch, "qk_norm": arch in QK_NORM_ARCHS,
                                   **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
+        if values.get("experts"):  # (llama.cpp renormalises these archs' top-k weights: build_moe_ffn's norm_w)
+            values.setdefault("expert_ffn", values.get("ffn"))
+            if type(values.get("num_blocks")) is int:
+                values["block_types"] = ["moe"] * values["num_blocks"]
         if "heads" in values:
             values.setdefault("kv_heads", values["heads"])
         if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:

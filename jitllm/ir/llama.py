@@ -72,17 +72,15 @@ def qk_norms(g: GraphBuilder, c: ModelConfig, q: str, k: str) -> tuple[str, str]
             head_norm(g, k, c.kv_heads, c.head_dim, "attn_k_norm", c.rms_eps))
 
 
-def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
-    """Decode variants of fused kinds (and kinds for targets with folded prefill kernels) fold norms,
-    residual adds, SwiGLU and rotary embedding into the linears' ops (jitllm.ir.ops); the others keep
-    them as standard ops."""
+def attention(g: GraphBuilder, kind: BlockKind, specs: tuple[LinearSpec, ...], fold: bool) -> tuple[str, str, str]:
+    """The attention half every attention block type shares: x + Attention(RMSNorm(x)) over the session's
+    pages, from `specs` (q, k, v, output; or a fused kind's qkv, output). Returns (x2, k_new, v_new).
+    `fold`: the norm, residual add and rotary embedding as folded ops (jitllm.ir.ops)."""
     c = kind.config
-    fold = (kind.decode and kind.fused) or kind.folded
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     attn = None  # set here where one op does rotary embedding and attention (fused decode variants)
     if kind.fused:
-        qkv_spec, o_spec, gate_spec, down_spec = kind.linears
-        up_spec = None
+        qkv_spec, o_spec = specs
         qkv = norm_linear(g, "x", "attn_norm", c.rms_eps, qkv_spec, fold)
         split = g.const([q_dim, kv_dim, kv_dim])
         if c.qk_norm:  # q and k normalised before the rotary op, stacked again where one op rotates them
@@ -98,7 +96,7 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
         elif not c.qk_norm:
             q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
     else:
-        q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
+        q_spec, k_spec, v_spec, o_spec = specs
         h = norm(g, "x", "attn_norm", c.rms_eps)
         q, k, v = linear(g, h, q_spec), linear(g, h, k_spec), linear(g, h, v_spec)
         if c.qk_norm:
@@ -112,8 +110,14 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
     if attn is None:
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
     attn = g.op("Reshape", attn, g.const([0, 0, q_dim]))
-    x2 = linear_add(g, attn, o_spec, "x", fold)
-    g.rename(ffn(g, x2, c, gate_spec, up_spec, down_spec, fold), "y")
+    return linear_add(g, attn, o_spec, "x", fold), k, v
+
+
+def attention_outputs(g: GraphBuilder, kind: BlockKind, lead: tuple, y: str, k: str, v: str
+                      ) -> list[onnx.ValueInfoProto]:
+    """An attention block's outputs y, k_new and v_new (named so from `y`, `k`, `v`)."""
+    c = kind.config
+    g.rename(y, "y")
     g.rename(k, "k_new")
     g.rename(v, "v_new")
     return [
@@ -123,7 +127,23 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
     ]
 
 
-def _activation_inputs(kind: BlockKind) -> Inputs:
+def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
+    """Decode variants of fused kinds (and kinds for targets with folded prefill kernels) fold norms,
+    residual adds, SwiGLU and rotary embedding into the linears' ops (jitllm.ir.ops); the others keep
+    them as standard ops."""
+    fold = (kind.decode and kind.fused) or kind.folded
+    mixer = 2 if kind.fused else 4
+    x2, k, v = attention(g, kind, kind.linears[:mixer], fold)
+    if kind.fused:
+        gate_spec, down_spec = kind.linears[mixer:]
+        up_spec = None
+    else:
+        gate_spec, up_spec, down_spec = kind.linears[mixer:]
+    return attention_outputs(g, kind, lead, ffn(g, x2, kind.config, gate_spec, up_spec, down_spec, fold), k, v)
+
+
+def activation_inputs(kind: BlockKind) -> Inputs:
+    """An attention block's activation inputs: x, the positions' cos/sin, the pool and the page table."""
     c = kind.config
     batch, seq = (1, 1) if kind.decode else ("batch", "seq")
     half = c.head_dim // 2
@@ -142,13 +162,15 @@ class LlamaBlock:
     state = KV_PAGES
     head = False
     linear_names = BLOCK_LINEARS
-    fused_parts = FUSED_LINEARS
 
     def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         return block_linear_shapes(cfg)
 
     def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
         return llama_block_kind(cfg, wtypes, page_size)
+
+    def stacked_parts(self, kind: BlockKind) -> dict[str, tuple[str, ...]]:
+        return FUSED_LINEARS
 
     def fused(self, kind: BlockKind) -> BlockKind:
         return fused_kind(kind)
@@ -160,7 +182,7 @@ class LlamaBlock:
         return decoder_weight_inputs(kind)
 
     def activation_inputs(self, kind: BlockKind) -> Inputs:
-        return _activation_inputs(kind)
+        return activation_inputs(kind)
 
     def body(self, g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
         return _body(g, kind, lead)

@@ -19,8 +19,8 @@ from jitllm.core.atomic import writable_target
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
 from jitllm.core.layouts import check_linear_shape, weight_parts
+from jitllm.ir.blocks import FileWeight, block_file_weights, block_kind, block_linear_specs
 from jitllm.ir.config import ModelConfig
-from jitllm.ir.llama import BLOCK_LINEARS, block_linear_shapes
 
 from .gguf_source import GgufSource
 from .hf_source import HfSource
@@ -107,24 +107,30 @@ def _same_file(a: Path, b: Path) -> bool:
 def _weight_types(source: Source, cfg: ModelConfig, dtype: str | None) -> dict:
     """The header's "weights" entry, after checking every tensor's presence, type and shape."""
 
-    def check(name: str, shape: tuple[int, ...]) -> str:
+    def check(name: str, shape: tuple[int, ...], linear: bool = True) -> str:
         got, native = source.info(name)
         if got != shape:
             raise JitllmError(f"{source.tensor_name(name)}: shape {list(got)}, expected {list(shape)} from the config")
         wtype = dtype or native
-        if len(shape) == 2 and (reason := check_linear_shape(source.tensor_name(name), wtype, *shape)):
+        if linear and (reason := check_linear_shape(source.tensor_name(name), wtype, *shape)):
             raise JitllmError(reason)
         return wtype
 
-    norm = (cfg.hidden,)
-    check("output_norm", norm)
+    check("output_norm", (cfg.hidden,), linear=False)
     embd = check("token_embd", (cfg.vocab, cfg.hidden))
     head = embd if cfg.tied_head else check("output", (cfg.vocab, cfg.hidden))
     blocks = []
     for i in range(cfg.num_blocks):
-        check(f"blk.{i}.attn_norm", norm)
-        check(f"blk.{i}.ffn_norm", norm)
-        blocks.append({lin: check(f"blk.{i}.{lin}", shape) for lin, shape in block_linear_shapes(cfg).items()})
+        planned = block_kind(cfg, i, dict.fromkeys(block_linear_specs(cfg, i), "f32"))  # (names and shapes only)
+        types: dict[str, str] = {}
+        for weight in block_file_weights(planned, i):
+            wtype = check(weight.name, weight.shape, linear=weight.spec is not None)
+            if weight.linear is None:
+                continue
+            if types.setdefault(weight.linear, wtype) != wtype:
+                raise JitllmError(f"{source.tensor_name(weight.name)} is {wtype}, the other experts of "
+                                  f"blk.{i}.{weight.linear} are {types[weight.linear]}")
+        blocks.append(types)
     return {"token_embd": embd, "output": head, "blocks": blocks}
 
 
@@ -156,19 +162,24 @@ def _plans(source: Source, cfg: ModelConfig, weights: dict) -> list[RegionPlan]:
         if not cfg.tied_head:
             yield from linear("output", weights["output"])
 
-    def block_arrays(i: int, types: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
-        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
-            yield f"blk.{i}.{norm_name}", source.floats(f"blk.{i}.{norm_name}")
-            for lin in linears:
-                yield from linear(f"blk.{i}.{lin}", types[lin])
+    def block_arrays(contents: list[FileWeight]) -> Iterator[tuple[str, np.ndarray]]:
+        for weight in contents:
+            if weight.spec is None:
+                yield weight.name, source.floats(weight.name)
+            else:
+                yield from linear(weight.name, weight.spec.wtype)
 
     plans = [RegionPlan("globals", tuple(globals_specs), globals_arrays)]
-    shapes = block_linear_shapes(cfg)
     for i, types in enumerate(weights["blocks"]):
-        specs = []
-        for norm_name, linears in (("attn_norm", BLOCK_LINEARS[:4]), ("ffn_norm", BLOCK_LINEARS[4:])):
-            specs.append(norm(f"blk.{i}.{norm_name}"))
-            for lin in linears:
-                specs += linear_specs(f"blk.{i}.{lin}", types[lin], shapes[lin])
-        plans.append(RegionPlan(f"block.{i}", tuple(specs), lambda i=i, types=types: block_arrays(i, types)))
+        contents = block_file_weights(block_kind(cfg, i, types), i)
+        contents.sort(key=lambda w: -1 if w.expert is None else w.expert)  # the block's, then each expert's
+        specs, pages = [], {}
+        for weight in contents:
+            made = ([TensorSpec(weight.name, weight.shape, "float32")] if weight.spec is None else
+                    linear_specs(weight.name, weight.spec.wtype, weight.shape))
+            specs += made
+            if weight.expert is not None:
+                pages.setdefault(f"expert.{weight.expert}", []).extend(t.name for t in made)
+        plans.append(RegionPlan(f"block.{i}", tuple(specs), lambda contents=contents: block_arrays(contents),
+                                tuple((page, tuple(names)) for page, names in pages.items())))
     return plans

@@ -1,7 +1,9 @@
 """A llama-family GGUF file as a conversion source: config and tokenizer from metadata, tensors as stored.
 
-GGUF already uses jitllm's conventions (W is [out, in]; Q/K rows permuted for interleaved RoPE), so
-quantized tensors pass through without dequantizing when their type is kept.
+GGUF already uses jitllm's conventions (W is [out, in]; llama's Q/K rows permuted for interleaved RoPE), so
+quantized tensors pass through without dequantizing when their type is kept. Archs llama.cpp rotates
+NeoX-style (qwen3) keep Q/K in the Hugging Face order: their rows are permuted as they are read (whole
+rows, so quantized bytes still pass through).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import GgufTensorInfo, check_token_settings, gguf_tokenizer, read_gguf
 from jitllm.tokenizer.gguf_vocab import token_settings
 
-ARCHITECTURES = ("llama", "mistral")
+from .rope_rows import interleaved_order
+
+ARCHITECTURES = ("llama", "mistral", "qwen3", "qwen3moe")
+NEOX_ARCHS = ("qwen3", "qwen3moe")
+"""Archs llama.cpp rotates NeoX-style (LLAMA_ROPE_TYPE_NEOX): their q/k rows are stored in the Hugging
+Face order and permuted here (convert/rope_rows.py)."""
+QK_NORM_ARCHS = ("qwen3", "qwen3moe")
+"""Archs with per-head q/k RMS norms (blk.N.attn_q_norm, attn_k_norm; ModelConfig.qk_norm)."""
 # GGML tensor type -> the jitllm weight type it keeps when no -dtype is given (every other type, e.g. Q2_K,
 # Q3_K, the IQ and TQ types, MXFP4, is refused by name)
 NATIVE_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
@@ -39,6 +48,9 @@ _CONFIG_KEYS = {"num_blocks": "block_count", "hidden": "embedding_length", "head
                 "ffn": "feed_forward_length", "context": "context_length", "rope_theta": "rope.freq_base",
                 "rms_eps": "attention.layer_norm_rms_epsilon"}
 """ModelConfig field -> its GGUF metadata key after "<arch>."."""
+_EXPERT_KEYS = {"experts": "expert_count", "experts_used": "expert_used_count",
+                "expert_ffn": "expert_feed_forward_length", "shared_ffn": "expert_shared_feed_forward_length"}
+"""The MoE fields (Mixtral's llama-arch GGUFs keep the experts' size in feed_forward_length)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,7 @@ class GgufSource:
         arch = meta.get("general.architecture")
         if arch not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        self._neox = arch in NEOX_ARCHS
         self.config = self._config(meta, arch)
         tok = gguf_tokenizer(meta)
         settings = token_settings(meta, tok)
@@ -92,7 +105,8 @@ class GgufSource:
     def floats(self, name: str) -> np.ndarray:
         t = self._tensor(name)
         _native_type(self.tensor_name(name), t)
-        return _floats(t.data, t.qtype)
+        order = self._row_order(name, t.shape[0])
+        return _floats(t.data if order is None else t.data[order], t.qtype)
 
     def parts(self, name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
         """The matrix's layout parts as (part, leading rows) pieces in row order, REPACK_ROWS matrix rows at
@@ -100,8 +114,9 @@ class GgufSource:
         parts (the embedding's) are held whole."""
         (n, k), native = self.info(name)
         t = self._tensor(name)
+        order = self._row_order(name, n)
         for start in range(0, n, REPACK_ROWS):
-            rows = t.data[start:start + REPACK_ROWS]
+            rows = t.data[start:start + REPACK_ROWS] if order is None else t.data[order[start:start + REPACK_ROWS]]
             if wtype == native and wtype in _REPACKED:
                 chunk = parts_from_ggml(wtype, rows, len(rows), k)
             else:
@@ -115,18 +130,44 @@ class GgufSource:
         cache), so converting a large model does not hold all of it in memory."""
         self._map.madvise(mmap.MADV_DONTNEED)
 
+    def _row_order(self, name: str, rows: int) -> np.ndarray | None:
+        """Where the rows of a NeoX-order arch's q/k projection (or q/k norm) come from, else None."""
+        tensor = name.rsplit(".", 1)[-1]
+        if not self._neox or tensor not in ("attn_q", "attn_k", "attn_q_norm", "attn_k_norm"):
+            return None
+        heads = {"attn_q": self.config.heads, "attn_k": self.config.kv_heads}.get(tensor, 1)
+        return interleaved_order(rows, heads)
+
     def _tensor(self, name: str) -> _Tensor:
+        stacked, _, expert = name.rpartition(".")
+        if stacked.endswith("_exps") and expert.isdigit():
+            return self._expert(stacked, int(expert))
         t = self._tensors.get(self.tensor_name(name))
         if t is None:
             raise JitllmError(f"{self.path.name}: missing tensor {self.tensor_name(name)}")
         return t
+
+    def _expert(self, stacked: str, expert: int) -> _Tensor:
+        """Expert `expert` of a block's [experts, rows, cols] tensor (blk.N.ffn_gate_exps), as a tensor of
+        its own (a view of its rows)."""
+        t = self._tensor(stacked)
+        if len(t.shape) != 3 or t.shape[0] != self.config.experts:
+            raise JitllmError(f"{self.tensor_name(stacked)}: shape {list(t.shape)}, expected "
+                              f"[{self.config.experts}, rows, cols] (one matrix per expert)")
+        return _Tensor(t.shape[1:], t.type_name, t.qtype, None if t.data is None else t.data[expert])
 
     def _config(self, meta: dict[str, Any], arch: str) -> ModelConfig:
         """The config from the metadata, typed and range-checked by ModelConfig.from_json (messages name the
         GGUF keys); the vocabulary is the embedding's row count."""
         p = f"{arch}."
         names = {field: p + key for field, key in _CONFIG_KEYS.items()}
-        values: dict[str, Any] = {"arch": arch, **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
+        names |= {field: p + key for field, key in _EXPERT_KEYS.items()}
+        values: dict[str, Any] = {"arch": arch, "qk_norm": arch in QK_NORM_ARCHS,
+                                  **{f: meta[k] for f, k in names.items() if meta.get(k) is not None}}
+        if values.get("experts"):  # (llama.cpp renormalises these archs' top-k weights: build_moe_ffn's norm_w)
+            values.setdefault("expert_ffn", values.get("ffn"))
+            if type(values.get("num_blocks")) is int:
+                values["block_types"] = ["moe"] * values["num_blocks"]
         if "heads" in values:
             values.setdefault("kv_heads", values["heads"])
         if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:

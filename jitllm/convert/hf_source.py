@@ -1,4 +1,4 @@
-"""A Hugging Face llama/mistral directory as a conversion source (config.json, *.safetensors, tokenizer files).
+"""A Hugging Face llama/mistral/qwen3 directory as a conversion source (config.json, *.safetensors, tokenizer files).
 
 Safetensors are read straight from a memory map (no torch; bf16 stays bf16, widened to f32 by hand where
 floats are asked for). q_proj and k_proj rows are permuted into GGUF's order, so RoPE rotates interleaved
@@ -25,8 +25,14 @@ from jitllm.ir.config import ModelConfig, RopeScaling
 from jitllm.ir.rope import yarn_attention_factor
 from jitllm.tokenizer import check_token_settings, stop_token_ids
 
+from .rope_rows import permute_rows
+
 # config.json "architectures" (or "model_type" when that is missing) -> ModelConfig.arch
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "llama": "llama", "mistral": "mistral"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3",
+                 "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "mixtral", "llama": "llama",
+                 "mistral": "mistral", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "mixtral"}
+QK_NORM_ARCHS = ("qwen3", "qwen3moe")
+"""Architectures whose attention RMS-normalises each head of q and k (ModelConfig.qk_norm)."""
 HF_ROPE_TYPES = ("linear", "llama3", "yarn")
 """config.json rope types beside "default" (transformers' ROPE_INIT_FUNCTIONS names)."""
 # safetensors dtype -> (numpy dtype as stored, the jitllm weight type it keeps when no -dtype is given)
@@ -38,14 +44,19 @@ _CONFIG_KEYS = {"num_blocks": "num_hidden_layers", "hidden": "hidden_size", "hea
 """ModelConfig field -> its config.json key."""
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
-
-
-def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF's half-split RoPE rows -> GGUF's interleaved rows (llama.cpp convert_hf_to_gguf's permute)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+EXPERT_NAMES = {
+    "qwen3moe": {"experts": "mlp.experts", "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "gate_proj",
+                 "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"},
+    "mixtral": {"experts": "block_sparse_moe.experts", "ffn_gate_inp": "block_sparse_moe.gate",
+                "ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"},
+}
+"""Per MoE architecture: the module holding its experts, its router, and each expert's projections (the
+hub checkpoints' per-expert layout: model.layers.N.mlp.experts.E.gate_proj.weight)."""
+FUSED_EXPERTS = ("mlp.experts", "block_sparse_moe.experts")
+"""Where transformers' fused expert layout may keep them: gate_up_proj [E, 2F, H], down_proj [E, H, F]."""
 
 
 class HfSource:
@@ -63,12 +74,18 @@ class HfSource:
             raise JitllmError(f"{path}: no *.safetensors weight files")
         for file in files:
             self._tensors.update(_index_safetensors(file))
+        self._names = {**_BLOCK_NAMES, **EXPERT_NAMES.get(self.config.arch, {})}
+        if self.config.arch in EXPERT_NAMES:
+            self._tensors.update(_split_fused_experts(self._tensors, self._names))
         self.tokenizer_meta = _tokenizer_meta(path, self._cfg, self.config.vocab)
 
     def tensor_name(self, name: str) -> str:
         if name.startswith("blk."):
             _, block, part = name.split(".", 2)
-            return f"model.layers.{block}.{_BLOCK_NAMES[part]}.weight"
+            linear, _, expert = part.partition(".")  # (an expert's projection: "ffn_gate_exps.3")
+            if expert:
+                return f"model.layers.{block}.{self._names['experts']}.{expert}.{self._names[linear]}.weight"
+            return f"model.layers.{block}.{self._names[part]}.weight"
         return f"{_GLOBAL_NAMES[name]}.weight"
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
@@ -84,6 +101,8 @@ class HfSource:
             w = permute_rows(w, self.config.heads)
         elif name.endswith(".attn_k"):
             w = permute_rows(w, self.config.kv_heads)
+        elif name.endswith((".attn_q_norm", ".attn_k_norm")):  # (one head's values, in the rows' new order)
+            w = permute_rows(w, 1)
         return w
 
     def parts(self, name: str, wtype: str) -> Iterator[tuple[str, np.ndarray]]:
@@ -114,11 +133,18 @@ class HfSource:
         if not isinstance(name, str) or name not in ARCHITECTURES:
             raise JitllmError(f"unsupported architecture {shown(name)} (supported: {', '.join(ARCHITECTURES)})")
         _, rope = _rope_parameters(c, where)
-        for flag in ("attention_bias", "mlp_bias"):
+        for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
             if c.get(flag):
                 raise JitllmError(f"{flag} is not supported")
-        values: dict[str, Any] = {"arch": ARCHITECTURES[name], "context": 2048, "rope_theta": 10000.0,
-                                  "rms_eps": 1e-6, "tied_head": False}
+        layer_types = c.get("layer_types") or []
+        if any(t != "full_attention" for t in layer_types):
+            raise JitllmError(f"layer types {shown(sorted(set(layer_types) - {'full_attention'}))} are not "
+                              "supported (only full attention)")
+        arch = ARCHITECTURES[name]
+        values: dict[str, Any] = {"arch": arch, "context": 2048, "rope_theta": 10000.0,
+                                  "rms_eps": 1e-6, "tied_head": False, "qk_norm": arch in QK_NORM_ARCHS}
+        if arch in EXPERT_NAMES:
+            values |= _expert_values(c, arch)
         values |= {f: c[key] for f, key in _CONFIG_KEYS.items() if c.get(key) is not None}
         if rope.get("rope_theta") is not None:
             values["rope_theta"] = rope["rope_theta"]
@@ -127,10 +153,55 @@ class HfSource:
         if "head_dim" not in values and type(values.get("hidden")) is int and type(values.get("heads")) is int:
             values["head_dim"] = values["hidden"] // max(values["heads"], 1)  # (heads < 1 is reported first)
         try:
-            cfg = ModelConfig.from_json(values, _CONFIG_KEYS)
+            cfg = ModelConfig.from_json(values, _CONFIG_KEYS | _EXPERT_KEYS)
         except JitllmError as e:
             raise JitllmError(f"{where}: {e}") from None
         return replace(cfg, rope_scaling=hf_rope_scaling(c, where))
+
+
+def _expert_values(c: dict, arch: str) -> dict[str, Any]:
+    """The MoE fields of the config (its raw values: ModelConfig.from_json types and checks them), and which
+    blocks are MoE blocks: Qwen3-MoE's decoder_sparse_step and mlp_only_layers keep some dense."""
+    experts = c.get("num_experts", c.get("num_local_experts"))
+    values = {"experts": experts, "experts_used": c.get("num_experts_per_tok"),
+              "expert_ffn": c.get("moe_intermediate_size") if arch == "qwen3moe" else c.get("intermediate_size"),
+              "norm_topk": c.get("norm_topk_prob", False) if arch == "qwen3moe" else True}
+    values = {k: v for k, v in values.items() if v is not None}
+    layers, step, dense = c.get("num_hidden_layers"), c.get("decoder_sparse_step", 1), c.get("mlp_only_layers") or []
+    if type(layers) is int and type(step) is int and step > 0 and isinstance(dense, list):
+        values["block_types"] = ["moe" if i not in dense and (i + 1) % step == 0 else "llama" for i in range(layers)]
+    return values
+
+
+_EXPERT_KEYS = {"experts": "num_experts", "experts_used": "num_experts_per_tok", "expert_ffn": "moe_intermediate_size",
+                "norm_topk": "norm_topk_prob"}
+
+
+def _split_fused_experts(tensors: dict, names: dict[str, str]) -> dict[str, tuple[mmap.mmap, str, tuple[int, ...], int]]:
+    """Per-expert entries (under the hub layout's names) for transformers' fused expert tensors:
+    gate_up_proj [E, 2F, H] holds expert e's gate rows then its up rows, down_proj [E, H, F] its down
+    matrix, each a contiguous run of the file. (Mixtral's router is mlp.gate in that layout.)"""
+    out = {}
+    for full, (buf, dtype, shape, offset) in tensors.items():
+        if full.endswith(".mlp.gate.weight") and names["ffn_gate_inp"] != "mlp.gate":  # (its router there too)
+            out[full.replace(".mlp.gate.", f".{names['ffn_gate_inp']}.")] = (buf, dtype, shape, offset)
+        stem = full.removesuffix(".weight")
+        module, _, which = stem.rpartition(".")
+        if which not in ("gate_up_proj", "down_proj") or not module.endswith(FUSED_EXPERTS) or len(shape) != 3:
+            continue
+        size = np.dtype(DTYPES[dtype][0]).itemsize if dtype in DTYPES else 0
+        experts, rows, cols = shape
+        prefix = module.removesuffix(".experts").removesuffix(".mlp").removesuffix(".block_sparse_moe")
+        for e in range(experts):
+            at = offset + e * rows * cols * size
+            base = f"{prefix}.{names['experts']}.{e}"
+            if which == "down_proj":
+                out[f"{base}.{names['ffn_down_exps']}.weight"] = (buf, dtype, (rows, cols), at)
+            else:
+                half = rows // 2
+                out[f"{base}.{names['ffn_gate_exps']}.weight"] = (buf, dtype, (half, cols), at)
+                out[f"{base}.{names['ffn_up_exps']}.weight"] = (buf, dtype, (half, cols), at + half * cols * size)
+    return out
 
 
 def hf_rope_scaling(c: dict, where: Path) -> RopeScaling:

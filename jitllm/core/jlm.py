@@ -9,7 +9,8 @@ Layout (all integers little-endian):
     ... zero padding to ALIGN, then the regions in header order, each starting on an ALIGN boundary:
         "globals" (token embedding, final norm, output projection) and "block.0" .. "block.N-1".
 Within a region, tensors follow each other, each 64-byte aligned. A block's region is the unit that
-uploads, streams and migrates as one copy. jitllm.core.jlm_writer writes it.
+uploads, streams and migrates as one copy. Since version 2 a region may nest pages (an MoE block's
+experts), each on an ALIGN boundary inside it and holding whole tensors, so one expert is one copy. jitllm.core.jlm_writer writes it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from jitllm.core.jlm_validate import check_container, tensor_nbytes
 from jitllm.core.paths import special_kind
 
 MAGIC = b"JITLLM\x00\x01"
-VERSION = 1
+VERSION = 2
+"""Version 2 lets a region nest aligned pages (an MoE block's experts); version 1 files (no pages) load too."""
+READ_VERSIONS = (1, 2)
 ALIGN = 4096
 TENSOR_ALIGN = 64
 _PREAMBLE = struct.Struct("<8sIIQ")
@@ -57,10 +60,20 @@ class TensorEntry(TensorSpec):
 
 
 @dataclass(frozen=True)
+class Page:
+    """An aligned page nested in a region (one expert of an MoE block): one copy of its own."""
+
+    name: str
+    offset: int  # bytes from the region start
+    size: int
+
+
+@dataclass(frozen=True)
 class Region:
     name: str
     offset: int  # bytes from the file start
     size: int
+    pages: tuple[Page, ...] = ()
 
 
 class JlmFile:
@@ -90,8 +103,9 @@ class JlmFile:
             magic, version, _, hlen = _PREAMBLE.unpack(pre)
             if magic != MAGIC:
                 raise JitllmError(f"{self.path}: not a .jlm model file (bad magic); convert it with `jitllm convert`")
-            if version != VERSION:
-                raise JitllmError(f"{self.path}: .jlm version {version} is not supported (this jitllm reads {VERSION})")
+            if version not in READ_VERSIONS:
+                raise JitllmError(f"{self.path}: .jlm version {version} is not supported (this jitllm reads "
+                                  f"{', '.join(map(str, READ_VERSIONS))})")
             if _PREAMBLE.size + hlen > size:
                 raise JitllmError(f"{self.path}: truncated .jlm file (header cut off)")
             try:
@@ -99,10 +113,12 @@ class JlmFile:
             except (ValueError, RecursionError):
                 raise JitllmError(f"{self.path}: corrupt .jlm header (not JSON)") from None
             try:
-                check_container(self.header, _PREAMBLE.size + hlen, size, ALIGN, TENSOR_ALIGN)
+                check_container(self.header, _PREAMBLE.size + hlen, size, ALIGN, TENSOR_ALIGN, pages=version >= 2)
             except JitllmError as e:
                 raise JitllmError(f"{self.path}: {e}") from None
-            self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"]) for r in self.header["regions"]}
+            self.regions = {r["name"]: Region(r["name"], r["offset"], r["size"],
+                                              tuple(Page(p["name"], p["offset"], p["size"]) for p in r.get("pages", ())))
+                            for r in self.header["regions"]}
             self.tensors = {n: TensorEntry(n, tuple(t["shape"]), t["dtype"], t["region"], t["offset"])
                             for n, t in self.header["tensors"].items()}
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None

@@ -1,7 +1,8 @@
 """The container checks of a .jlm header, run when the file is opened and before any tensor is read.
 
 Every region entry is typed; regions follow the header in file order, start on an ALIGN boundary, do not
-overlap and end inside the file. Every tensor entry is typed (a known dtype, a shape of non-negative
+overlap and end inside the file. A region's nested pages (version 2) are typed, ALIGN-aligned, in order,
+apart and inside it, and every tensor lies wholly inside one page or outside them all. Every tensor entry is typed (a known dtype, a shape of non-negative
 integers) and its bytes (shape x dtype) lie inside its region, 64-byte aligned, overlapping no other
 tensor's. This is header arithmetic only: the weights themselves are never read (they carry no checksum).
 What the model needs of these tensors (names, shapes and dtypes from its config) is checked where the
@@ -27,13 +28,16 @@ TENSOR_DTYPES = ("float32", "float16", "uint16", "int8", "uint8", "int16", "int3
 """numpy dtype names a tensor may have (plain fixed-width numbers; the layouts use the first five)."""
 
 
-def check_container(header: object, data_start: int, file_size: int, align: int, tensor_align: int) -> None:
+def check_container(header: object, data_start: int, file_size: int, align: int, tensor_align: int,
+                    pages: bool = True) -> None:
     """Raise a one-line JitllmError (without the file's name) where the header's regions or tensors are not
-    a valid layout of a file of `file_size` bytes whose header ends at `data_start`."""
+    a valid layout of a file of `file_size` bytes whose header ends at `data_start`. `pages`: regions may
+    nest pages (format version 2)."""
     if not isinstance(header, dict):
         raise JitllmError("corrupt .jlm header (not a JSON object)")
     regions = _regions(header.get("regions"), data_start, file_size, align)
-    _tensors(header.get("tensors"), regions, file_size, tensor_align)
+    nested = _pages(header.get("regions"), regions, align, pages)
+    _tensors(header.get("tensors"), regions, file_size, tensor_align, nested)
 
 
 def _regions(entries: object, data_start: int, file_size: int, align: int) -> dict[str, int]:
@@ -64,7 +68,44 @@ def _regions(entries: object, data_start: int, file_size: int, align: int) -> di
     return sizes
 
 
-def _tensors(entries: object, regions: Mapping[str, int], file_size: int, tensor_align: int) -> None:
+def _pages(entries: list, regions: Mapping[str, int], align: int, allowed: bool) -> dict[str, list[tuple[int, int, str]]]:
+    """Each region's nested pages as (start, end, name), after checking they are typed, aligned, in order,
+    apart and inside their region."""
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    for entry in entries:
+        region, pages = entry["name"], entry.get("pages")
+        if pages is None:
+            continue
+        what = f"region {region!r}"
+        if not allowed:
+            raise JitllmError(f"corrupt .jlm header: {what} nests pages, which .jlm version 1 files do not have")
+        if not isinstance(pages, list):
+            raise JitllmError(f"corrupt .jlm header: {what} pages must be a list (got {shown(pages)})")
+        spans, end, names = [], 0, set()
+        for i, page in enumerate(pages):
+            fields = _fields(page, f"page {i} of {what}", ("name", "offset", "size"))
+            name = fields["name"]
+            if not isinstance(name, str) or not name or name in names:
+                raise JitllmError(f"corrupt .jlm header: page {i} of {what} needs a name of its own (got {shown(name)})")
+            names.add(name)
+            page_what = f"page {name!r} of {what}"
+            offset, size = _count(fields["offset"], f"{page_what} offset"), _count(fields["size"], f"{page_what} size")
+            if offset % align:
+                raise JitllmError(f"corrupt .jlm header: {page_what} offset {offset} is not a multiple of {align}")
+            if offset < end:
+                raise JitllmError(f"corrupt .jlm header: {page_what} starts at byte {offset}, inside the page "
+                                  f"before it (which ends at byte {end})")
+            end = offset + size
+            if end > regions[region]:
+                raise JitllmError(f"corrupt .jlm header: {page_what} ends at byte {end} of a region of "
+                                  f"{regions[region]}")
+            spans.append((offset, end, name))
+        out[region] = spans
+    return out
+
+
+def _tensors(entries: object, regions: Mapping[str, int], file_size: int, tensor_align: int,
+             pages: Mapping[str, list[tuple[int, int, str]]]) -> None:
     if not isinstance(entries, dict):
         raise JitllmError(f"corrupt .jlm header: tensors must be an object (got {shown(entries)})")
     spans: dict[str, list[tuple[int, int, str]]] = {name: [] for name in regions}
@@ -90,6 +131,10 @@ def _tensors(entries: object, regions: Mapping[str, int], file_size: int, tensor
         if end > regions[region]:
             raise JitllmError(f"corrupt .jlm header: {what} ({shown(shape)} {dtype}) ends at byte {end} of "
                               f"region {region!r}, which has {regions[region]}")
+        for start, stop, page in pages.get(region, ()):
+            if offset < stop and end > start and not (start <= offset and end <= stop):
+                raise JitllmError(f"corrupt .jlm header: {what} straddles the edge of page {page!r} of region "
+                                  f"{region!r}")
         spans[region].append((offset, end, name))
     for region, items in spans.items():
         items.sort()

@@ -30,6 +30,9 @@ class RegionPlan:
     name: str
     tensors: tuple[TensorSpec, ...]
     arrays: Callable[[], Iterable[tuple[str, np.ndarray]]]
+    pages: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Pages nested in the region: (name, its tensors: a run of `tensors`), each starting on an ALIGN
+    boundary so it is one aligned copy of its own (an MoE block's experts)."""
 
 
 def _align(n: int, a: int) -> int:
@@ -48,20 +51,30 @@ def _json_length(value: object) -> int:
 def _layout(meta: dict, plans: Sequence[RegionPlan]) -> tuple[dict, int, list[int], list[int], dict[str, dict]]:
     """The header, its length in bytes, each region's file offset and size, and each tensor's header entry."""
     tensors: dict[str, dict] = {}
-    sizes = []
+    sizes, nested = [], []
     for plan in plans:
-        at = 0
+        starts = {names[0]: (page, names[-1]) for page, names in plan.pages}
+        at, open_page, pages = 0, None, []
         for spec in plan.tensors:
+            if spec.name in starts:
+                at = _align(at, ALIGN)
+                open_page = starts[spec.name]
+                pages.append({"name": open_page[0], "offset": at, "size": 0})
             at = _align(at, TENSOR_ALIGN)
             tensors[spec.name] = {"region": plan.name, "offset": at, "shape": list(spec.shape), "dtype": spec.dtype}
             at += spec.nbytes
+            if open_page is not None and spec.name == open_page[1]:
+                pages[-1]["size"] = at - pages[-1]["offset"]
+                open_page = None
         sizes.append(at)
+        nested.append(pages)
     header = {**meta, "tensors": tensors, "regions": []}
     rest = _json_length(header) - len("[]")  # (the header's length but for its "regions" value)
     # Region offsets depend on the header length, which depends on the offsets: iterate to a fixed point.
     offsets = [0] * len(plans)
     while True:
-        header["regions"] = [{"name": p.name, "offset": o, "size": s} for p, o, s in zip(plans, offsets, sizes)]
+        header["regions"] = [{"name": p.name, "offset": o, "size": s, **({"pages": n} if n else {})}
+                             for p, o, s, n in zip(plans, offsets, sizes, nested)]
         length = rest + _json_length(header["regions"])
         at, new = _align(_PREAMBLE.size + length, ALIGN), []
         for size in sizes:

@@ -1,6 +1,6 @@
 """The BlockType protocol: what a kind of block is, declared in one object (its linears, weight and
 activation inputs, graph body, and the state it carries between steps), so the compiler and the engine
-ask the type instead of comparing names. Types live one per module (llama.py, gla.py, head.py) and in
+ask the type instead of comparing names. Types live one per module (llama.py, moe.py, gla.py, head.py) and in
 one registry (blocks.py)."""
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ class BlockType(Protocol):
     """It ends the model: final norm and the projection to logits (never one of the decoder blocks)."""
     linear_names: tuple[str, ...]
     """Its linears as the model file names them, in order."""
-    fused_parts: dict[str, tuple[str, ...]]
-    """Linears a fused kind stacks along their rows (fused name -> the file's linears it is made of)."""
 
     def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         """[out, in] of each of its linears."""
@@ -41,6 +39,11 @@ class BlockType(Protocol):
 
     def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
         """The kind of a block of this type whose linears are stored as `wtypes`."""
+        ...
+
+    def stacked_parts(self, kind: BlockKind) -> dict[str, tuple[str, ...]]:
+        """Linears of `kind` whose weight stacks several of the file's linears along its rows (a fused
+        kind's Q/K/V; an MoE block's experts): linear name -> the file's linears, in order."""
         ...
 
     def fused(self, kind: BlockKind) -> BlockKind:

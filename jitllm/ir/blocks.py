@@ -3,20 +3,25 @@ its type: its weight and activation inputs and its ONNX graph."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import onnx
 from onnx import helper
 
 from jitllm.core.errors import JitllmError
+from jitllm.core.layouts import weight_parts
 from jitllm.ir.block_type import BlockType, Inputs
-from jitllm.ir.config import BlockKind, ModelConfig
+from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.gla import GLA
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
 from jitllm.ir.head import HEAD
 from jitllm.ir.llama import LLAMA
+from jitllm.ir.moe import MOE
 from jitllm.ir.ops import functions_for
 
 BLOCK_TYPES: dict[str, BlockType] = {
     "llama": LLAMA,
+    "moe": MOE,
     "gla": GLA,
     "head": HEAD,
 }
@@ -72,7 +77,48 @@ def block_linear_specs(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int
     """[out, in] of each linear of block `index`, in the block type's order."""
     t = _decoder_type(cfg, index)
     shapes = t.linear_shapes(cfg)
-    return {n: shapes[n] for n in t.linear_names}
+    return {n: shapes[n] for n in t.linear_names if n in shapes}  # (the config may leave some out: a shared expert)
+
+
+def linear_of_input(kind: BlockKind) -> dict[str, tuple[str, str]]:
+    """Weight input name -> (its linear's name, the part it is) for every input that is a linear's part."""
+    return {f"{spec.name}_{part}": (spec.name, part) for spec in kind.linears
+            for part, _, _ in weight_parts(spec.wtype, spec.out_features, spec.in_features)}
+
+
+@dataclass(frozen=True)
+class FileWeight:
+    """One weight of a block as its file holds it: a linear (`spec`; an MoE block's stacked experts are
+    one each) or another float32 tensor (`spec` None: a norm, the router)."""
+
+    name: str
+    shape: tuple[int, ...]
+    spec: LinearSpec | None
+    linear: str | None = None
+    """The kind's linear it is (or is one expert of)."""
+    expert: int | None = None
+    """The expert it belongs to: in the file, each expert's tensors are one aligned page of the block's
+    region (jitllm.core.jlm_writer); None for the block's own tensors."""
+
+
+def block_file_weights(kind: BlockKind, index: int) -> list[FileWeight]:
+    """What the file holds for block `index` of `kind` (an unfused kind), in call order."""
+    parts, done = linear_of_input(kind), set()
+    stacked = block_type(kind).stacked_parts(kind)
+    out: list[FileWeight] = []
+    for name, shape, _ in weight_inputs(kind):
+        if name not in parts:
+            out.append(FileWeight(f"blk.{index}.{name}", shape, None))
+        elif (linear := parts[name][0]) not in done:
+            done.add(linear)
+            spec = kind.linear(linear)
+            pieces = stacked.get(linear, (linear,))
+            rows = spec.out_features // len(pieces)
+            for e, piece in enumerate(pieces):
+                one = replace(spec, name=piece, out_features=rows)
+                out.append(FileWeight(f"blk.{index}.{piece}", (rows, spec.in_features), one, linear,
+                                      e if len(pieces) > 1 else None))
+    return out
 
 
 def block_kind(cfg: ModelConfig, index: int, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:

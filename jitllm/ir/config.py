@@ -95,6 +95,20 @@ class ModelConfig:
     """Kind of each block ("llama" or "gla"); empty means every block is "llama" (all files before hybrids)."""
     rope_scaling: RopeScaling = RopeScaling()
     """Plain RoPE unless the source declares a scaling (files before it have plain RoPE)."""
+    qk_norm: bool = False
+    """Attention blocks RMS-normalise each head of q and of k (weights attn_q_norm, attn_k_norm [head_dim])
+    before RoPE (Qwen3)."""
+    experts: int = 0
+    """Routed experts of each "moe" block (jitllm.ir.moe); 0 where the model has none."""
+    experts_used: int = 0
+    """Experts each token is routed to (top-k of the router's softmax)."""
+    expert_ffn: int = 0
+    """Each expert's SwiGLU intermediate size."""
+    norm_topk: bool = True
+    """The top-k routing weights are renormalised to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob), else
+    they stay the softmax's probabilities over every expert (OLMoE)."""
+    shared_ffn: int = 0
+    """Intermediate size of a shared expert every token also goes through (0: none)."""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -102,6 +116,11 @@ class ModelConfig:
             del data["block_types"]  # pure llama headers stay as they were
         else:
             data["block_types"] = list(self.block_types)
+        if not self.qk_norm:
+            del data["qk_norm"]  # (as do headers without q/k norms)
+        if not self.experts:
+            for name in MOE_FIELDS:  # (and those without experts)
+                del data[name]
         del data["rope_scaling"]
         if self.rope_scaling != RopeScaling():  # (plain-RoPE headers stay as they were too)
             data["rope_scaling"] = self.rope_scaling.to_json()
@@ -128,6 +147,7 @@ class ModelConfig:
         return self.block_types[index] if self.block_types else "llama"
 
 
+MOE_FIELDS = ("experts", "experts_used", "expert_ffn", "norm_topk", "shared_ffn")
 POSITIVE_FIELDS = ("num_blocks", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
 
 
@@ -145,6 +165,15 @@ def check_config_values(values: Mapping[str, Any], label: Callable[[str], str]) 
         raise JitllmError(f"{label('rope_theta')} must be a positive number (got {values['rope_theta']})")
     if not (math.isfinite(values["rms_eps"]) and values["rms_eps"] >= 0):
         raise JitllmError(f"{label('rms_eps')} must be a non-negative number (got {values['rms_eps']})")
+    if values["experts"]:
+        for name in ("experts", "experts_used", "expert_ffn"):
+            if values[name] < 1:
+                raise JitllmError(f"{label(name)} must be a positive integer in a model with experts (got {values[name]})")
+        if values["experts_used"] > values["experts"]:
+            raise JitllmError(f"{label('experts_used')} ({values['experts_used']}) is more than "
+                              f"{label('experts')} ({values['experts']}): top-k routing needs k <= experts")
+    if values["shared_ffn"] < 0:
+        raise JitllmError(f"{label('shared_ffn')} must be a non-negative integer (got {values['shared_ffn']})")
     pairs, factors = values["head_dim"] // 2, values["rope_scaling"].freq_factors
     if factors and len(factors) != pairs:
         raise JitllmError(f"{label('rope_scaling')} has {len(factors)} frequency factors for {pairs} "
@@ -211,7 +240,8 @@ class LinearSpec:
 class BlockKind:
     """Everything that decides a block's compiled artifact: shapes and weight types, never weight values."""
 
-    kind: str  # "llama" (decoder block), "gla" (gated linear-attention block) or "head" (norm + projection)
+    kind: str  # "llama" (decoder block), "moe" (its feed-forward routed experts), "gla" (gated linear-attention
+    # block) or "head" (norm + projection)
     config: ModelConfig
     linears: tuple[LinearSpec, ...] = field(default_factory=tuple)
     page_size: int = 16

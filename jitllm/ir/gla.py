@@ -69,13 +69,15 @@ class GlaBlock:
     state = RECURRENT
     head = False
     linear_names = GLA_LINEARS
-    fused_parts: dict[str, tuple[str, ...]] = {}
 
     def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         return gla_linear_shapes(cfg)
 
     def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
         return gla_block_kind(cfg, wtypes, page_size)
+
+    def stacked_parts(self, kind: BlockKind) -> dict[str, tuple[str, ...]]:
+        return {}
 
     def fused(self, kind: BlockKind) -> BlockKind:
         return kind

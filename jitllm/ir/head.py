@@ -19,13 +19,15 @@ class HeadBlock:
     state = NO_STATE
     head = True
     linear_names = ("output",)
-    fused_parts: dict[str, tuple[str, ...]] = {}
 
     def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         return {"output": (cfg.vocab, cfg.hidden)}
 
     def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
         return head_kind(cfg, wtypes["output"])
+
+    def stacked_parts(self, kind: BlockKind) -> dict[str, tuple[str, ...]]:
+        return {}
 
     def fused(self, kind: BlockKind) -> BlockKind:
         return kind

@@ -26,6 +26,8 @@ def decoder_weight_inputs(kind: BlockKind) -> list[tuple[str, tuple[int, ...], s
     c = kind.config
     mixer = sum(spec.name.startswith("attn_") for spec in kind.linears)  # token-mixer linears come first
     out: list[tuple[str, tuple[int, ...], str]] = [("attn_norm", (c.hidden,), "float32")]
+    if c.qk_norm:
+        out += [("attn_q_norm", (c.head_dim,), "float32"), ("attn_k_norm", (c.head_dim,), "float32")]
     for spec in kind.linears[:mixer]:
         out += linear_inputs(spec)
     out.append(("ffn_norm", (c.hidden,), "float32"))
@@ -36,6 +38,13 @@ def decoder_weight_inputs(kind: BlockKind) -> list[tuple[str, tuple[int, ...], s
 
 def norm(g: GraphBuilder, x: str, weight: str, eps: float) -> str:
     return rms_norm(g, x, weight, g.const(eps, "float32"))
+
+
+def head_norm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: str, eps: float) -> str:
+    """RMSNorm of each head of x [B, S, heads * head_dim] over its head_dim values (Qwen3's q/k norms);
+    the same shape out."""
+    per_head = g.op("Reshape", x, g.const([0, 0, heads, head_dim]))
+    return g.op("Reshape", norm(g, per_head, weight, eps), g.const([0, 0, heads * head_dim]))
 
 
 def parts(spec: LinearSpec) -> list[str]:

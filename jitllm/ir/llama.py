@@ -1,4 +1,5 @@
-"""The llama decoder block type: RMS norm, Q/K/V, rotary embedding, paged attention over the session's
+"""The llama decoder block type: RMS norm, Q/K/V (each head of q and k RMS-normalised where the config
+has `qk_norm`, as Qwen3's are), rotary embedding, paged attention over the session's
 KV pages, output projection and SwiGLU feed-forward.
 
 Weights are graph *inputs*, so one compiled artifact serves every block of the same kind. Positions
@@ -14,7 +15,17 @@ import onnx
 from jitllm.ir.block_type import KV_PAGES, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
-from jitllm.ir.layers import decoder_weight_inputs, ffn, ffn_linear_shapes, linear, linear_add, norm, norm_linear, rope
+from jitllm.ir.layers import (
+    decoder_weight_inputs,
+    ffn,
+    ffn_linear_shapes,
+    head_norm,
+    linear,
+    linear_add,
+    norm,
+    norm_linear,
+    rope,
+)
 from jitllm.ir.ops import PAGED_ATTENTION, RAGGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -55,30 +66,41 @@ def fused_kind(kind: BlockKind) -> BlockKind:
     return replace(kind, linears=(fused[0], specs["attn_output"], fused[1], specs["ffn_down"]))
 
 
-def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
-    """Decode variants of fused kinds (and kinds for targets with folded prefill kernels) fold norms,
-    residual adds, SwiGLU and rotary embedding into the linears' ops (jitllm.ir.ops); the others keep
-    them as standard ops."""
+def qk_norms(g: GraphBuilder, c: ModelConfig, q: str, k: str) -> tuple[str, str]:
+    """q and k with each head RMS-normalised (ModelConfig.qk_norm: weights attn_q_norm, attn_k_norm)."""
+    return (head_norm(g, q, c.heads, c.head_dim, "attn_q_norm", c.rms_eps),
+            head_norm(g, k, c.kv_heads, c.head_dim, "attn_k_norm", c.rms_eps))
+
+
+def attention(g: GraphBuilder, kind: BlockKind, specs: tuple[LinearSpec, ...], fold: bool) -> tuple[str, str, str]:
+    """The attention half every attention block type shares: x + Attention(RMSNorm(x)) over the session's
+    pages, from `specs` (q, k, v, output; or a fused kind's qkv, output). Returns (x2, k_new, v_new).
+    `fold`: the norm, residual add and rotary embedding as folded ops (jitllm.ir.ops)."""
     c = kind.config
-    fold = (kind.decode and kind.fused) or kind.folded
     q_dim, kv_dim = c.heads * c.head_dim, c.kv_heads * c.head_dim
     attn = None  # set here where one op does rotary embedding and attention (fused decode variants)
     if kind.fused:
-        qkv_spec, o_spec, gate_spec, down_spec = kind.linears
-        up_spec = None
+        qkv_spec, o_spec = specs
         qkv = norm_linear(g, "x", "attn_norm", c.rms_eps, qkv_spec, fold)
         split = g.const([q_dim, kv_dim, kv_dim])
+        if c.qk_norm:  # q and k normalised before the rotary op, stacked again where one op rotates them
+            q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
+            q, k = qk_norms(g, c, q, k)
+            if fold:
+                qkv = g.op("Concat", q, k, v, axis=-1)
         if fold and kind.decode:
             attn, k, v = g.op(ROTARY_ATTENTION, qkv, "cos", "sin", split, "pages", "page_table", "past",
                               outputs=3, domain=DOMAIN)
         elif fold:
             q, k, v = g.op(ROTARY_QKV, qkv, "cos", "sin", split, outputs=3, domain=DOMAIN)
-        else:
+        elif not c.qk_norm:
             q, k, v = g.op("Split", qkv, split, axis=-1, outputs=3)
     else:
-        q_spec, k_spec, v_spec, o_spec, gate_spec, up_spec, down_spec = kind.linears
+        q_spec, k_spec, v_spec, o_spec = specs
         h = norm(g, "x", "attn_norm", c.rms_eps)
         q, k, v = linear(g, h, q_spec), linear(g, h, k_spec), linear(g, h, v_spec)
+        if c.qk_norm:
+            q, k = qk_norms(g, c, q, k)
     if not fold:
         cos = g.op("Unsqueeze", "cos", g.const([2, 4]))  # [B, S, 1, D/2, 1]
         sin = g.op("Unsqueeze", "sin", g.const([2, 4]))
@@ -90,8 +112,14 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
     elif attn is None:
         attn = g.op(PAGED_ATTENTION, q, k, v, "pages", "page_table", "past", domain=DOMAIN)
     attn = g.op("Reshape", attn, g.const([0, 0, q_dim]))
-    x2 = linear_add(g, attn, o_spec, "x", fold)
-    g.rename(ffn(g, x2, c, gate_spec, up_spec, down_spec, fold), "y")
+    return linear_add(g, attn, o_spec, "x", fold), k, v
+
+
+def attention_outputs(g: GraphBuilder, kind: BlockKind, lead: tuple, y: str, k: str, v: str
+                      ) -> list[onnx.ValueInfoProto]:
+    """An attention block's outputs y, k_new and v_new (named so from `y`, `k`, `v`)."""
+    c = kind.config
+    g.rename(y, "y")
     g.rename(k, "k_new")
     g.rename(v, "v_new")
     return [
@@ -101,8 +129,24 @@ def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoP
     ]
 
 
-def _activation_inputs(kind: BlockKind) -> Inputs:
-    """A ragged kind's rows belong to `seqs` sessions: page table and history length per session, and
+def _body(g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
+    """Decode variants of fused kinds (and kinds for targets with folded prefill kernels) fold norms,
+    residual adds, SwiGLU and rotary embedding into the linears' ops (jitllm.ir.ops); the others keep
+    them as standard ops."""
+    fold = (kind.decode and kind.fused) or kind.folded
+    mixer = 2 if kind.fused else 4
+    x2, k, v = attention(g, kind, kind.linears[:mixer], fold)
+    if kind.fused:
+        gate_spec, down_spec = kind.linears[mixer:]
+        up_spec = None
+    else:
+        gate_spec, up_spec, down_spec = kind.linears[mixer:]
+    return attention_outputs(g, kind, lead, ffn(g, x2, kind.config, gate_spec, up_spec, down_spec, fold), k, v)
+
+
+def activation_inputs(kind: BlockKind) -> Inputs:
+    """An attention block's activation inputs: x, the positions' cos/sin, the pool and the page table. A
+    ragged kind's rows belong to `seqs` sessions: page table and history length per session, and
     `seq_starts` [seqs + 1], the first row of each session (and the row count last)."""
     c = kind.config
     lead = kind.lead
@@ -124,13 +168,15 @@ class LlamaBlock:
     state = KV_PAGES
     head = False
     linear_names = BLOCK_LINEARS
-    fused_parts = FUSED_LINEARS
 
     def linear_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         return block_linear_shapes(cfg)
 
     def kind(self, cfg: ModelConfig, wtypes: dict[str, str], page_size: int = 16) -> BlockKind:
         return llama_block_kind(cfg, wtypes, page_size)
+
+    def stacked_parts(self, kind: BlockKind) -> dict[str, tuple[str, ...]]:
+        return FUSED_LINEARS
 
     def fused(self, kind: BlockKind) -> BlockKind:
         return fused_kind(kind)
@@ -142,7 +188,7 @@ class LlamaBlock:
         return decoder_weight_inputs(kind)
 
     def activation_inputs(self, kind: BlockKind) -> Inputs:
-        return _activation_inputs(kind)
+        return activation_inputs(kind)
 
     def body(self, g: GraphBuilder, kind: BlockKind, lead: tuple) -> list[onnx.ValueInfoProto]:
         return _body(g, kind, lead)

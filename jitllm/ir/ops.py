@@ -20,6 +20,12 @@ KV pool directly.
   (gated linear attention; `a` in (0, 1) is the per-key-dimension decay). The TVM lowering updates
   `state` in place and returns it as `state_out`.
 
+- `MoeSwiGLU_<gate wtype>_<up wtype>_<down wtype>(h[.., K], ids[.., k] i64, weights[.., k], *gate parts,
+  *up parts, *down parts) -> y[.., K]`: routed SwiGLU experts, y = sum_j weights_j * down_e(silu(gate_e h) *
+  up_e h) with e = ids_j. The experts' matrices are stacked along their rows (gate, up: [E * F, K]; down:
+  [E * K, F]), so E and F come from the parts' shapes. The reference computes every expert for every
+  token and keeps the routed ones; the kernels read only the experts some token was routed to.
+
 Decode variants (BlockKind.decode) fold the small ops around each linear into it, so a GPU target runs
 one kernel where there were three or four (each GPU kernel costs a few µs however small; DESIGN.md §3);
 targets without fused kernels lower them as their parts:
@@ -36,9 +42,12 @@ targets without fused kernels lower them as their parts:
 
 from __future__ import annotations
 
+import itertools
+
 import onnx
 from onnx import helper
 
+from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.dequant import dequantize
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
 
@@ -51,6 +60,7 @@ LINEAR = "Linear"
 NORM_LINEAR = "RmsNormLinear"
 LINEAR_ADD = "LinearAdd"
 SWIGLU_LINEAR_ADD = "SwiGLULinearAdd"
+MOE_SWIGLU = "MoeSwiGLU"
 LINEAR_FAMILIES = (LINEAR, NORM_LINEAR, LINEAR_ADD, SWIGLU_LINEAR_ADD)
 """Ops that end in a linear layer; each is one op per weight type, named `<family>_<wtype>`."""
 EXTRA_INPUTS = {LINEAR: [], NORM_LINEAR: ["norm_weight", "eps"], LINEAR_ADD: ["residual"],
@@ -68,6 +78,52 @@ def split_linear_op(op_type: str) -> tuple[str, str] | None:
         if op_type.startswith(family + "_"):
             return family, op_type[len(family) + 1:]
     return None
+
+
+def moe_op(wtypes: tuple[str, str, str]) -> str:
+    """The routed-experts op of gate, up and down weight types."""
+    return "_".join((MOE_SWIGLU, *wtypes))
+
+
+_MOE_OPS = {moe_op(types): types for types in itertools.product(WEIGHT_TYPES, repeat=3)}
+"""Op name -> weight types (the names cannot be split at underscores: q4_0 holds one)."""
+
+
+def split_moe_op(op_type: str) -> tuple[str, str, str] | None:
+    """(gate, up, down) weight types of a routed-experts op name, else None."""
+    return _MOE_OPS.get(op_type)
+
+
+def moe_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> onnx.FunctionProto:
+    """The reference body: every expert on every token ([E, M, F] activations), then the routing weights
+    scattered into a dense [M, E] matrix weigh their outputs."""
+    g = GraphBuilder("moe_")
+    names = [[f"{which}{i}" for i in range(n)] for which, n in zip("gud", counts)]
+    wg, wu, wd = (dequantize(g, w, parts) for w, parts in zip(wtypes, names))  # [E*F, K], [E*F, K], [E*K, F]
+    k_dim = g.op("Shape", "h", start=-1)
+    f_dim = g.op("Shape", wd, start=1, end=2)
+    experts_fk = g.op("Concat", g.const([-1]), f_dim, k_dim, axis=0)
+    experts_kf = g.op("Concat", g.const([-1]), k_dim, f_dim, axis=0)
+    h = g.op("Reshape", "h", g.op("Concat", g.const([-1]), k_dim, axis=0))  # [M, K]
+
+    def per_expert(w: str, shape: str) -> str:
+        return g.op("Transpose", g.op("Reshape", w, shape), perm=[0, 2, 1])
+
+    gate = g.op("MatMul", h, per_expert(wg, experts_fk))  # [E, M, F]
+    up = g.op("MatMul", h, per_expert(wu, experts_fk))
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+    out = g.op("Transpose", g.op("MatMul", act, per_expert(wd, experts_kf)), perm=[1, 0, 2])  # [M, E, K]
+    top = g.op("Shape", "ids", start=-1)
+    ids = g.op("Reshape", "ids", g.op("Concat", g.const([-1]), top, axis=0))  # [M, k]
+    weights = g.op("Reshape", "weights", g.op("Concat", g.const([-1]), top, axis=0))
+    rows = g.op("Shape", ids, start=0, end=1)
+    experts = g.op("Shape", out, start=1, end=2)
+    dense = g.op("ScatterElements", g.op("ConstantOfShape", g.op("Concat", rows, experts, axis=0),
+                                         value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])),
+                 ids, weights, axis=1)  # [M, E]
+    y = g.op("ReduceSum", g.op("Mul", out, g.op("Unsqueeze", dense, g.const([-1]))), g.const([1]), keepdims=0)
+    g.rename(g.op("Reshape", y, g.op("Shape", "h")), "y")
+    return _function(moe_op(wtypes), ["h", "ids", "weights", *[n for group in names for n in group]], ["y"], g)
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: str, eps: str) -> str:
@@ -267,8 +323,11 @@ def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
         node = pending.pop()
         if node.domain != DOMAIN or node.op_type in functions:
             continue
-        linear = split_linear_op(node.op_type)
-        if linear:
+        linear, experts = split_linear_op(node.op_type), split_moe_op(node.op_type)
+        if experts:
+            counts = tuple(len(weight_parts(w, ROW_GROUP, SUPER_BLOCK)) for w in experts)
+            functions[node.op_type] = moe_function(experts, counts)
+        elif linear:
             family, wtype = linear
             functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, ROW_GROUP, SUPER_BLOCK)), family)
         else:

@@ -42,6 +42,7 @@ from jitllm.ir.ops import (
     ROTARY_QKV,
     SWIGLU_LINEAR_ADD,
     linear_op,
+    split_moe_op,
 )
 from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EMBED_FUNCTION
 
@@ -264,6 +265,22 @@ def _rotary_attention(kind: BlockKind, target):
     return rotary_attention
 
 
+def _moe_converter(kind: BlockKind, target, wtypes: tuple[str, str, str]):
+    """MoeSwiGLU: the target's routed-experts kernel, over the tokens as [M, ...] rows."""
+    c = kind.config
+
+    def moe(bb, inputs, attr, params):
+        h, ids, weights, *parts = [bb.normalize(i) for i in inputs]
+        kernel = target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used)  # (to_relax checked it)
+        lead, m = _rows(h)
+        flat = [bb.emit(relax.op.reshape(h, [m, c.hidden]))] + [
+            bb.emit(relax.op.reshape(a, [m, c.experts_used])) for a in (ids, weights)]
+        y = bb.emit(relax.call_tir(_add_kernel(bb, *kernel), [*flat, *parts], relax.TensorType([m, c.hidden], "float32")))
+        return relax.op.reshape(y, [*lead, c.hidden])
+
+    return _converter(moe)
+
+
 def _recurrence_converter(kind: BlockKind, target):
     def gated_recurrence(bb, inputs, attr, params):
         q, k, v, a, state = [bb.normalize(i) for i in inputs]
@@ -283,9 +300,10 @@ def _row_gather(bb, inputs, attr, params):
 
 
 @contextlib.contextmanager
-def _custom_ops(kind: BlockKind, target):
+def _custom_ops(kind: BlockKind, target, op_types: set[str]):
     extra = {linear_op(w, family): _linear_converter(family, w, target)
              for w in WEIGHT_TYPES for family in LINEAR_FAMILIES}
+    extra |= {op: _moe_converter(kind, target, wtypes) for op in op_types if (wtypes := split_moe_op(op))}
     extra[ROTARY_QKV] = _converter(_rotary(kind, target))
     extra[PAGED_ATTENTION] = _converter(_attention(kind, target))
     extra[ROTARY_ATTENTION] = _converter(_rotary_attention(kind, target))
@@ -307,10 +325,15 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     state, head = block_type(kind).state, block_type(kind).head
     if state == RECURRENT and target.recurrence_kernel(kind) is None:
         raise JitllmError(f"target {target.name} has no kernel for gla blocks yet (hybrid models run on llvm)")
+    op_types = {node.op_type for node in model.graph.node}
+    c = kind.config
+    for wtypes in filter(None, map(split_moe_op, op_types)):
+        if target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used) is None:
+            raise JitllmError(f"target {target.name} has no kernel for routed experts yet (moe blocks run on llvm)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]
-    with _custom_ops(kind, target):
+    with _custom_ops(kind, target, op_types):
         mod = onnx_frontend.from_onnx(graph_only, keep_params_in_input=False, sanitize_input_names=False)
     if state == KV_PAGES:
         _, func = target.ragged_append_kernel(kind) if kind.ragged else target.append_kernel(kind)

@@ -103,6 +103,10 @@ class KernelSet:
         """The page export/import kernels compiled beside a decoder block, by function name."""
         return {}
 
+    def moe_kernel(self, wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int):
+        """MoeSwiGLU (routed experts) over any number of tokens, reading only the routed experts."""
+        return None
+
     def recurrence_kernel(self, kind: BlockKind):
         """GatedRecurrence, updating the state in place."""
         return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.core.layouts import weight_parts
-from jitllm.ir.blocks import block_kind, block_type, weight_inputs
+from jitllm.ir.blocks import block_kind, block_type, linear_of_input, weight_inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.runtime.model_check import check_linears, check_tensors, weight_types
@@ -46,8 +46,9 @@ class ModelLayout:
         out = {f"token_embd.{part}": (shape, dtype)
                for part, shape, dtype in weight_parts(self.embedding_type, self.config.vocab, self.config.hidden)}
         for unit, kind in [*enumerate(self.block_kinds), (HEAD, self.head)]:
-            for (name,), (_, shape, dtype) in zip(self.weight_sources(unit), weight_inputs(kind), strict=True):
-                out[name] = (shape, dtype)
+            for names, (_, shape, dtype) in zip(self.weight_sources(unit), weight_inputs(kind), strict=True):
+                for name in names:  # (an MoE block's experts: one file tensor each, stacked along axis 0)
+                    out[name] = ((shape[0] // len(names), *shape[1:]), dtype)
         return out
 
     def tensor_names(self, unit: int | str) -> list[str]:
@@ -70,12 +71,11 @@ class ModelLayout:
 @functools.lru_cache(maxsize=1024)
 def _block_sources(kind: BlockKind, unit: int) -> tuple[tuple[str, ...], ...]:
     """ModelLayout.weight_sources of a block (~0.1 ms to derive; asked for on every load and move)."""
-    sources, fused = [], block_type(kind).fused_parts
+    sources, stacked, parts = [], block_type(kind).stacked_parts(kind), linear_of_input(kind)
     for name, _, _ in weight_inputs(kind):
-        linear = next((s.name for s in kind.linears if name.startswith(s.name + "_")), None)
-        if linear is None:
+        if name not in parts:
             sources.append((f"blk.{unit}.{name}",))
         else:
-            part = name[len(linear) + 1:]
-            sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in fused.get(linear, (linear,))))
+            linear, part = parts[name]
+            sources.append(tuple(f"blk.{unit}.{p}.{part}" for p in stacked.get(linear, (linear,))))
     return tuple(sources)

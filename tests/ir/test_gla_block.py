@@ -87,7 +87,7 @@ def test_unknown_or_miscounted_block_types_are_one_line_errors(tmp_path):
     from jitllm.random_model import PRESETS, write_random_model
 
     hybrid = PRESETS["tiny-hybrid"]
-    with pytest.raises(JitllmError, match="block 1 has unknown type 'mamba' \\(known: llama, gla\\)"):
+    with pytest.raises(JitllmError, match="block 1 has unknown type 'mamba' \\(known: llama, moe, gla\\)"):
         write_random_model(tmp_path / "m.jlm", replace(hybrid, block_types=("llama", "mamba", "llama", "gla")))
     with pytest.raises(JitllmError, match="config lists 2 block types for 4 blocks"):
         write_random_model(tmp_path / "m.jlm", replace(hybrid, block_types=("llama", "gla")))

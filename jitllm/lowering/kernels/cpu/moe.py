@@ -1,0 +1,122 @@
+"""CPU TIR kernel of the routed SwiGLU experts (`MoeSwiGLU`, jitllm.ir.ops), exact family: f32 activations
+times each weight exactly dequantized, for every weight type of core/layouts.py.
+
+Experts are walked one at a time and every token routed to an expert goes through it while its rows are
+read, so prefill reads each expert's weights once for all its tokens (tokens grouped by expert), and an
+expert no token was routed to is never read (a decode step reads its top-k experts only). Within an
+expert the work is parallel over row groups, gate and up in one pass over h, then down over the
+activations.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+from jitllm.core.layouts import FLOAT_TYPES, QUANT_BLOCK, ROW_GROUP, weight_parts
+from jitllm.lowering.kernels.formats import assemble_q, float_weight, to_f32, weight_value, without_params
+
+R = ROW_GROUP
+PARAMS = ("w", "qs", "qh", "sc", "mn", "d", "d2")
+"""The union of every layout's parts (d2: q4_1/q5_1's m, the K-quants' dmin), in kernel argument order."""
+
+
+def _buffers(wtype: str, n: int, k: int) -> tuple[list[tuple[tuple[int, ...], str]], set[str]]:
+    """(shape, dtype) of each PARAMS entry for an [n, k] `wtype` matrix (a placeholder where absent), and
+    the absent ones."""
+    parts = {("d2" if name in ("m", "dmin") else name): (shape, dtype) for name, shape, dtype in weight_parts(wtype, n, k)}
+    return [parts.get(p, ((1,), "uint8")) for p in PARAMS], {p for p in PARAMS if p not in parts}
+
+
+def weight_at(wtype: str, w, qs, qh, sc, mn, d, d2, g, col, r):
+    """Weight `col` of row r of row group g, float32, from the buffers of PARAMS."""
+    if wtype in FLOAT_TYPES:
+        return float_weight(wtype, w[g, col, r])
+    b, j = col // QUANT_BLOCK, col % QUANT_BLOCK
+    if wtype == "q8_0":
+        return to_f32(d[g, b, r]) * T.Cast("float32", qs[g, b, j, r])
+    if wtype in ("q4_0", "q4_1"):
+        q = T.Cast("float32", assemble_q(qs[g, b, j % 16, r], None, j // 16, 0, 0))
+        if wtype == "q4_0":
+            return to_f32(d[g, b, r]) * (q - T.float32(8))
+        return to_f32(d[g, b, r]) * q + to_f32(d2[g, b, r])
+    return weight_value(wtype, (qs, qh, sc, mn, d, d2), g, r, col)
+
+
+def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int
+               ) -> tuple[str, tvm.tirx.PrimFunc]:
+    """(symbol, PrimFunc) of y[M, K] from h[M, K], ids[M, top_k] (int64), weights[M, top_k] and the gate,
+    up ([E * F, K]) and down ([E * K, F]) experts' parts."""
+    gt, ut, dt = wtypes
+    E, F, K, TOP = experts, ffn, hidden, top_k
+    GF, GK = F // R, K // R
+    (gb, gu_unused), (ub, uu_unused), (db, du_unused) = (_buffers(gt, E * F, K), _buffers(ut, E * F, K),
+                                                           _buffers(dt, E * K, F))
+    (g0s, g0t), (g1s, g1t), (g2s, g2t), (g3s, g3t), (g4s, g4t), (g5s, g5t), (g6s, g6t) = gb
+    (u0s, u0t), (u1s, u1t), (u2s, u2t), (u3s, u3t), (u4s, u4t), (u5s, u5t), (u6s, u6t) = ub
+    (d0s, d0t), (d1s, d1t), (d2s, d2t), (d3s, d3t), (d4s, d4t), (d5s, d5t), (d6s, d6t) = db
+
+    @T.prim_func
+    def f(h_h: T.handle, ids_h: T.handle, wts_h: T.handle,
+          g_w: T.Buffer(g0s, g0t), g_qs: T.Buffer(g1s, g1t), g_qh: T.Buffer(g2s, g2t), g_sc: T.Buffer(g3s, g3t),
+          g_mn: T.Buffer(g4s, g4t), g_d: T.Buffer(g5s, g5t), g_d2: T.Buffer(g6s, g6t),
+          u_w: T.Buffer(u0s, u0t), u_qs: T.Buffer(u1s, u1t), u_qh: T.Buffer(u2s, u2t), u_sc: T.Buffer(u3s, u3t),
+          u_mn: T.Buffer(u4s, u4t), u_d: T.Buffer(u5s, u5t), u_d2: T.Buffer(u6s, u6t),
+          d_w: T.Buffer(d0s, d0t), d_qs: T.Buffer(d1s, d1t), d_qh: T.Buffer(d2s, d2t), d_sc: T.Buffer(d3s, d3t),
+          d_mn: T.Buffer(d4s, d4t), d_d: T.Buffer(d5s, d5t), d_d2: T.Buffer(d6s, d6t),
+          y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        M = T.int64()
+        h = T.match_buffer(h_h, (M, K), "float32")
+        ids = T.match_buffer(ids_h, (M, TOP), "int64")
+        wts = T.match_buffer(wts_h, (M, TOP), "float32")
+        y = T.match_buffer(y_h, (M, K), "float32")
+        act = T.alloc_buffer((M, F), "float32")
+        route = T.alloc_buffer((M,), "float32")
+        routed = T.alloc_buffer((M,), "int32")
+        hits = T.alloc_buffer((1,), "int32")
+        acc = T.alloc_buffer((GF, 2, R), "float32")  # per row group: outside the parallel loop (DESIGN.md §3)
+        acc_down = T.alloc_buffer((GK, R), "float32")
+        for m in T.serial(M):
+            for c in T.serial(K):
+                y[m, c] = T.float32(0)
+        for e in T.serial(E):
+            hits[0] = 0
+            for m in T.serial(M):
+                route[m] = T.float32(0)
+                routed[m] = 0
+                for j in T.serial(TOP):
+                    if ids[m, j] == T.Cast("int64", e):
+                        route[m] = wts[m, j]
+                        routed[m] = 1
+                        hits[0] = hits[0] + 1
+            if hits[0] > 0:
+                for g in T.parallel(GF):
+                    for m in T.serial(M):
+                        if routed[m] == 1:
+                            for r in T.vectorized(R):
+                                acc[g, 0, r] = T.float32(0)
+                                acc[g, 1, r] = T.float32(0)
+                            for kk in T.serial(K):
+                                for r in T.vectorized(R):
+                                    acc[g, 0, r] = acc[g, 0, r] + weight_at(
+                                        gt, g_w, g_qs, g_qh, g_sc, g_mn, g_d, g_d2, e * GF + g, kk, r) * h[m, kk]
+                                    acc[g, 1, r] = acc[g, 1, r] + weight_at(
+                                        ut, u_w, u_qs, u_qh, u_sc, u_mn, u_d, u_d2, e * GF + g, kk, r) * h[m, kk]
+                            for r in T.vectorized(R):
+                                act[m, g * R + r] = acc[g, 0, r] * T.sigmoid(acc[g, 0, r]) * acc[g, 1, r]
+                for g in T.parallel(GK):
+                    for m in T.serial(M):
+                        if routed[m] == 1:
+                            for r in T.vectorized(R):
+                                acc_down[g, r] = T.float32(0)
+                            for kk in T.serial(F):
+                                for r in T.vectorized(R):
+                                    acc_down[g, r] = acc_down[g, r] + weight_at(
+                                        dt, d_w, d_qs, d_qh, d_sc, d_mn, d_d, d_d2, e * GK + g, kk, r) * act[m, kk]
+                            for r in T.vectorized(R):
+                                y[m, g * R + r] = y[m, g * R + r] + route[m] * acc_down[g, r]
+
+    unused = {f"g_{p}" for p in gu_unused} | {f"u_{p}" for p in uu_unused} | {f"d_{p}" for p in du_unused}
+    symbol = f"jl_moe_{gt}_{ut}_{dt}_{E}x{F}x{K}_top{TOP}"
+    return symbol, without_params(f, unused).with_attr("global_symbol", symbol)

@@ -80,6 +80,33 @@ def test_qwen3_matches_transformers(case, models, cache_dir):
         assert np.abs(logits - theirs[at]).max() < LOGIT_TOL, f"position {at}"
 
 
+def test_chat_templated_qwen3_matches_transformers(models, cache_dir):
+    """The converted file's chat template, rendered and encoded by jitllm, gives transformers' own
+    apply_chat_template ids for the same directory, and the same 32 greedy tokens after them."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+
+    from jitllm.model import load
+
+    hf, path = models["hf untied"]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the hello the"}]
+    model = load(path, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir)
+    ours = model.tokenizer.encode_chat(messages)
+    directory = path.parent / "untied"
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+    tok.chat_template = json.loads((directory / "tokenizer_config.json").read_text())["chat_template"]
+    theirs = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ours == list(theirs) and len(ours) > 10
+    with torch.no_grad():  # (an explicit mask: generate() would mask the prompt's <|im_end|>, id 2, as padding)
+        ids = torch.tensor([ours])
+        tokens = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(ours):].tolist()
+    generated = model.generate_ids(ours, NEW_TOKENS)
+    assert generated == tokens[:len(generated)]  # (ours ends early only at a stop token)
+    assert len(generated) == NEW_TOKENS or tokens[len(generated)] in model.tokenizer.stop_token_ids
+
+
 def test_quantized_qwen3_gguf_keeps_its_bytes_in_rope_order(models, tmp_path):
     """Q8_0 q/k projections of a qwen3 GGUF (NeoX row order) pass through as bytes, their rows moved into
     jitllm's interleaved order, as are the q/k norms: the same matrices as the HF conversion's, to Q8_0's

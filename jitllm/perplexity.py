@@ -6,6 +6,9 @@ from an empty context with its first token replaced by BOS where the model adds 
 of a window is scored: the logits of positions ctx/2 .. ctx-2 predict tokens ctx/2 + 1 .. ctx-1, so every
 scored token has at least ctx/2 tokens before it. PPL = exp(mean negative log-likelihood), and its
 uncertainty is llama.cpp's: the standard error of the mean NLL times PPL.
+
+That scores the prefill kernels (all of a window's logits from batched steps, as llama.cpp does it); the
+`decode` mode scores the same tokens through the decode steps a generation takes, one token at a time.
 """
 
 from __future__ import annotations
@@ -74,25 +77,30 @@ def scored_nll(logits: np.ndarray, window: list[int], start: int) -> np.ndarray:
     return log_sum - rows[np.arange(len(targets)), targets]
 
 
-def window_nll(ex: Executor, window: list[int], batch: int) -> np.ndarray:
-    """One window from an empty context, `batch` tokens a step: its scored tokens' NLL."""
+def window_nll(ex: Executor, window: list[int], batch: int, decode: bool = False) -> np.ndarray:
+    """One window from an empty context, `batch` tokens a step: its scored tokens' NLL. With `decode`, the
+    scored half runs one token a step (the decode kernels and head a generation uses) after the first half
+    as a prefill; otherwise every position comes from prefill steps (Executor.prompt_logits)."""
     session = ex.new_session()
     try:
-        parts = []
-        for start in range(0, len(window), batch):
-            logits = ex.prompt_logits(session, window[start:start + batch])
-            parts.append(scored_nll(logits, window, start))
-        return np.concatenate(parts)
+        if decode:
+            first = len(window) // 2
+            for start in range(0, first, batch):
+                ex.forward(session, window[start:min(start + batch, first)])
+            return np.concatenate([scored_nll(ex.forward(session, [window[p]])[None], window, p)
+                                   for p in range(first, len(window) - 1)])
+        return np.concatenate([scored_nll(ex.prompt_logits(session, window[start:start + batch]), window, start)
+                               for start in range(0, len(window), batch)])
     finally:
         ex.close_session(session)
 
 
-def perplexity(ex: Executor, chunks: list[list[int]], batch: int = 512,
+def perplexity(ex: Executor, chunks: list[list[int]], batch: int = 512, decode: bool = False,
                on_window: Callable[[Estimate], None] | None = None) -> Estimate:
     """The estimate over `chunks` (from `windows`), `on_window` called after each with the running figures."""
     estimate = Estimate()
     for window in chunks:
-        estimate.add(window_nll(ex, window, batch))
+        estimate.add(window_nll(ex, window, batch, decode))
         estimate.windows += 1
         if on_window is not None:
             on_window(estimate)

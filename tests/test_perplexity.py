@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jitllm.model import load
-from jitllm.perplexity import Estimate, scored_nll, windows
+from jitllm.perplexity import Estimate, perplexity, scored_nll, windows
 from test_cli import assert_one_line_error, jitllm
 
 TEXT = Path(__file__).parent / "fixtures" / "newton-opticks.txt"
@@ -48,6 +48,18 @@ def test_perplexity_matches_a_reference_from_onnx_runtime_logits(tiny_model, cac
     assert running[-1] == pytest.approx(ppl, rel=1e-6)
     ort = load(tiny_model, devices="ort", placement="*=ort,head=ort", ctx=WINDOW, cache_dir=cache_dir)
     assert math.log(ppl) == pytest.approx(math.log(reference_ppl(ort, text, WINDOW, 10 ** 9)), abs=1e-3)
+
+
+def test_decode_steps_score_what_prefill_scores(tiny_model, cache_dir):
+    model = load(tiny_model, devices="cpu", ctx=WINDOW, cache_dir=cache_dir, cpu_kernels="exact")
+    tokens = model.tokenizer.encode(TEXT.read_text(encoding="utf-8")[:400], parse_special=False)
+    chunks = windows(tokens, WINDOW, None)
+    seen = []
+    by_prefill = perplexity(model.executor, chunks, batch=24, on_window=lambda e: seen.append(e.windows))
+    by_steps = perplexity(model.executor, chunks, batch=24, decode=True)
+    assert seen == list(range(1, len(chunks) + 1)) and by_steps.count == by_prefill.count == len(chunks) * 31
+    assert math.log(by_steps.ppl) == pytest.approx(math.log(by_prefill.ppl), abs=1e-4)
+    assert not model.executor.sessions  # (each window's session closed)
 
 
 def test_windows_replace_the_first_token_with_bos_where_the_model_adds_one():

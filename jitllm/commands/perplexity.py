@@ -16,8 +16,10 @@ from jitllm.commands.common import load_model, open_model, opt, placement_option
      help="tokens per window (llama-perplexity's -c); the second half of each is scored")
 @opt("b", "batch", type=click.IntRange(min=1), default=512, show_default=True, help="tokens per prefill step")
 @opt("chunks", type=click.IntRange(min=1), default=None, help="score the first N windows only (default all)")
+@opt("decode", is_flag=True,
+     help="score each window's second half one token a step (the decode kernels a generation uses), not by prefill")
 @placement_options
-def perplexity(args, window, batch, chunks, **flags) -> None:
+def perplexity(args, window, batch, chunks, decode, **flags) -> None:
     """Perplexity of the text in FILE (- for standard input), llama-perplexity's way: non-overlapping windows
     of -c tokens, each from an empty context (BOS first where the model adds one), the second half of each
     scored. Prints the running estimate after each window and `Final estimate: PPL = x +/- y`."""
@@ -41,7 +43,7 @@ def perplexity(args, window, batch, chunks, **flags) -> None:
     chosen = every[:chunks] if chunks else every
     click.echo(f"jitllm: {len(tokens)} tokens of {text_path} (tokenized in {time.perf_counter() - started:.2f} s): "
                f"perplexity over {len(chosen)} of {len(every)} windows of {window} tokens, "
-               f"{window - window // 2 - 1} scored in each", err=True)
+               f"{window - window // 2 - 1} scored in each{' by decode steps' if decode else ''}", err=True)
     ex = load_model(checked, flags, ctx=flags["ctx"] or window).executor
     started = time.perf_counter()
 
@@ -49,7 +51,7 @@ def perplexity(args, window, batch, chunks, **flags) -> None:
         sys.stdout.write(f"[{estimate.windows}]{estimate.ppl:.4f},")
         sys.stdout.flush()
 
-    estimate = measure(ex, chosen, batch, show)
+    estimate = measure(ex, chosen, batch, decode, show)
     seconds = time.perf_counter() - started
     sys.stdout.write(f"\nFinal estimate: PPL = {estimate.ppl:.4f} +/- {estimate.error:.5f}\n")
     sys.stdout.flush()

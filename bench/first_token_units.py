@@ -60,13 +60,19 @@ def main() -> None:
         return [(tok.piece(int(t)), round(float(logits[t]), 3)) for t in np.argsort(logits)[::-1][:3]]
 
     count = len(models["exact"].executor.blocks)
-    rows = [("all exact", ["exact"] * count, "exact"), ("all fast", ["fast"] * count, "fast"),
-            ("exact blocks, fast head", ["exact"] * count, "fast"), ("fast blocks, exact head", ["fast"] * count, "exact")]
-    rows += [(f"fast, block {i} exact", ["fast"] * i + ["exact"] + ["fast"] * (count - i - 1), "fast") for i in range(count)]
-    rows += [(f"exact, block {i} fast", ["exact"] * i + ["fast"] + ["exact"] * (count - i - 1), "exact") for i in range(count)]
+
+    def one(family: str, other: str, i: int) -> list[str]:
+        return [other] * i + [family] + [other] * (count - i - 1)
+
+    exact, fast = ["exact"] * count, ["fast"] * count
+    rows = [("all exact", exact, "exact"), ("all fast", fast, "fast"),
+            ("exact blocks, fast head", exact, "fast"), ("fast blocks, exact head", fast, "exact")]
+    rows += [(f"fast, block {i} exact", one("exact", "fast", i), "fast") for i in range(count)]
+    rows += [(f"exact, block {i} fast", one("fast", "exact", i), "exact") for i in range(count)]
     print(f"prompt {args.prompt!r} (chat template, {n} tokens): top 3 first tokens (logit)")
     for name, blocks, head in rows:
-        print(f"{name:26s} " + "  ".join(f"{piece!r} {logit:.3f}" for piece, logit in first_tokens(blocks, head)), flush=True)
+        tops = first_tokens(blocks, head)
+        print(f"{name:26s} " + "  ".join(f"{piece!r} {logit:.3f}" for piece, logit in tops), flush=True)
 
 
 if __name__ == "__main__":

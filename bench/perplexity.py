@@ -12,7 +12,9 @@ figures differ only by the logits. It also reports whether llama.cpp's own token
 transformers' float32 model of the same GGUF (its weights dequantized) as a fourth figure.
 
 `-decode` scores each window's second half one token a step instead (jitllm's and llama.cpp's decode
-kernels, what a generation runs; transformers stays a prefill: float32 either way). Prints each engine's PPL +/- its error, tokens/s (the machine may be shared: the speeds are not the
+kernels, what a generation runs; transformers stays a prefill: float32 either way).
+
+Prints each engine's PPL +/- its error, tokens/s (the machine may be shared: the speeds are not the
 point), and the ratios fast/exact and fast/llama.cpp. Goal (issue 31, item 9): fast within 1% of exact and
 no worse than llama.cpp.
 """

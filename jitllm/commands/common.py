@@ -161,7 +161,8 @@ def open_model(model_path: str | None) -> CheckedModel:
     return open_checked(model_path)
 
 
-def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable[[str], None] | None = None, **overrides):
+def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable[[str], None] | None = None,
+               **overrides):
     """Load (converting the built-in default when `model_path` is None; `model_path` may be what `open_model`
     gave) and report on stderr, or through `log` where given (then -v's plan goes there too). `flags`: the
     values of `placement_options` by name, `overrides` what a verb sets itself."""

@@ -55,5 +55,6 @@ def perplexity(args, window, batch, chunks, decode, **flags) -> None:
     seconds = time.perf_counter() - started
     sys.stdout.write(f"\nFinal estimate: PPL = {estimate.ppl:.4f} +/- {estimate.error:.5f}\n")
     sys.stdout.flush()
-    click.echo(f"jitllm: {estimate.windows * window} tokens in {seconds:.1f} s ({estimate.windows * window / seconds:.1f} "
-               f"tok/s), {estimate.count} scored", err=True)
+    tokens_run = estimate.windows * window
+    click.echo(f"jitllm: {tokens_run} tokens in {seconds:.1f} s ({tokens_run / seconds:.1f} tok/s), "
+               f"{estimate.count} scored", err=True)

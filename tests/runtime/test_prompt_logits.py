@@ -38,7 +38,8 @@ def test_blocks_and_head_on_other_devices(host, tiny_model, cache_dir):
     """Seams between devices (a block and the head on ONNX Runtime, one block on the host)."""
     split = load(tiny_model, devices="ort", placement="0=ort,1=host,head=ort", ctx=64, cache_dir=cache_dir,
                  cpu_kernels="exact")
-    assert [u.device.name for u in split.executor.blocks] == ["ort", "host"] and split.executor.head.device.name == "ort"
+    assert [u.device.name for u in split.executor.blocks] == ["ort", "host"]
+    assert split.executor.head.device.name == "ort"
     expected = host.executor.prompt_logits(host.executor.new_session(), PROMPT)
     got = split.executor.prompt_logits(split.executor.new_session(), PROMPT)
     assert np.abs(got - expected).max() < 2e-4 * np.abs(expected).max()

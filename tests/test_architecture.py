@@ -18,7 +18,7 @@ PARTS = {
     "tokenizer": "jitllm.tokenizer",
     "convert": "jitllm.convert",
     "api": ("jitllm.model", "jitllm.checked_model", "jitllm.chat", "jitllm.speed", "jitllm.batch_bench", "jitllm.verify",
-            "jitllm.random_model", "jitllm.default_model"),
+            "jitllm.random_model", "jitllm.default_model", "jitllm.perplexity"),
     "server": "jitllm.server",
     "cli": ("jitllm.cli", "jitllm.cli_commands", "jitllm.commands", "jitllm.__main__"),
 }

@@ -7,9 +7,13 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import click
+
+if TYPE_CHECKING:
+    from jitllm.checked_model import CheckedModel
 
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """jitllm.core.layouts.WEIGHT_TYPES (the -wtype choices), repeated so --help needs no import
@@ -85,6 +89,20 @@ def regular_file(path: str) -> str:
     return path
 
 
+def read_text(path: str, label: str) -> str:
+    """The UTF-8 text of the file at `path` (`-`: standard input); a UsageError naming `label` (the option or
+    argument it came from) where it cannot be read or is not UTF-8."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as e:
+        raise click.UsageError(f"{label} {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"{label} {path}: not valid UTF-8 text (byte 0x{data[e.start]:02x} at byte "
+                               f"{e.start})") from None
+
+
 def sampling_options(func):
     """-temp, -top-k, -top-p, -seed (run and chat)."""
     decorators = [
@@ -131,21 +149,31 @@ def placement_options(func=None, *, devices: str = "auto"):
     return func
 
 
-def load_model(model_path: str | None, flags: dict, log: Callable[[str], None] | None = None, **overrides):
-    """Load (converting the built-in default when `model_path` is None) and report on stderr, or through `log`
-    where given (then -v's plan goes there too). `flags`: the values of `placement_options` by name,
-    `overrides` what a verb sets itself."""
+def open_model(model_path: str | None) -> CheckedModel:
+    """The model file opened with its header checked (jitllm.checked_model, no TVM import), the built-in
+    default converted first where `model_path` is None."""
     from jitllm.checked_model import open_checked
 
-    f = {**flags, **overrides}
-    if f["vram"] is not None and f["devices"].strip().lower() == "cpu":
-        raise click.UsageError(f"-vram {f['vram']}: -devices cpu uses no device to budget (leave -vram out)")
     if model_path is None:
         from jitllm.default_model import default_model_path
 
         model_path = str(default_model_path())
     regular_file(model_path)
-    checked = open_checked(model_path)  # a bad file fails here, before the imports below bring TVM in
+    return open_checked(model_path)
+
+
+def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable[[str], None] | None = None,
+               **overrides):
+    """Load (converting the built-in default when `model_path` is None; `model_path` may be what `open_model`
+    gave) and report on stderr, or through `log` where given (then -v's plan goes there too). `flags`: the
+    values of `placement_options` by name, `overrides` what a verb sets itself."""
+    from jitllm.checked_model import CheckedModel
+
+    f = {**flags, **overrides}
+    if f["vram"] is not None and f["devices"].strip().lower() == "cpu":
+        raise click.UsageError(f"-vram {f['vram']}: -devices cpu uses no device to budget (leave -vram out)")
+    # (a bad file fails here, before the imports below bring TVM in)
+    checked = model_path if isinstance(model_path, CheckedModel) else open_model(model_path)
     from jitllm.lowering.cache import stderr_log
     from jitllm.model import LoadOptions, load_with, with_placement
 

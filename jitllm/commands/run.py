@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
 from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, finish_answer, load_model, opt,
-                                    placement_options, sampling_options)
+                                    placement_options, read_text, sampling_options)
 
 
 @click.command(cls=TextCommand)
@@ -56,16 +55,7 @@ def split_prompt(args: tuple[str, ...], prompt_file: str | None) -> tuple[str | 
     if prompt_file is None:
         model_path, prompt = (None, args[0]) if len(args) == 1 else (args[0], args[1])
         return model_path, checked_text(prompt, "the prompt")
-    try:
-        data = sys.stdin.buffer.read() if prompt_file == "-" else Path(prompt_file).read_bytes()
-    except OSError as e:
-        raise click.UsageError(f"-f {prompt_file}: {e.strerror or e}") from None
-    try:
-        prompt = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise click.UsageError(f"-f {prompt_file}: not valid UTF-8 text (byte 0x{data[e.start]:02x} at byte "
-                               f"{e.start})") from None
-    return (args[0] if args else None), prompt
+    return (args[0] if args else None), read_text(prompt_file, "-f")
 
 
 def parse_move_at(values: tuple[str, ...]) -> dict[int, list[str]]:

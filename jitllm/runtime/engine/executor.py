@@ -18,7 +18,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
 from jitllm.ir.rope import rope_tables
 from jitllm.runtime.device import Device
-from jitllm.runtime.engine import batched, captured, forward, kv, pipelined, units
+from jitllm.runtime.engine import all_logits, batched, captured, forward, kv, pipelined, units
 from jitllm.runtime.engine.embedding import TokenEmbedding
 from jitllm.runtime.engine.kv_pages import PagePool, PageTable
 from jitllm.runtime.engine.packed_weights import PackedWeights
@@ -131,6 +131,10 @@ class Executor:
     def forward(self, session: Session, ids: list[int]) -> np.ndarray:
         """Run `ids` (appended after the session's history) through every block; logits of the last one."""
         return forward.forward(self, session, ids, pick=False)
+
+    def prompt_logits(self, session: Session, ids: list[int]) -> np.ndarray:
+        """`forward` keeping every position: [len(ids), vocab], through the head's general program."""
+        return all_logits.prompt_logits(self, session, ids)
 
     def next_token(self, session: Session, ids: list[int]) -> int:
         """`forward`, then the greedy pick: the first largest logit of the last position. Where the head's

@@ -62,7 +62,7 @@ def choose_workers(cpu: CpuInfo, requested: int | None = None, environ: Mapping[
         if requested < 1:
             raise JitllmError(f"-threads {requested}: expected a positive whole number of CPU workers")
         count, source = requested, "-threads"
-    elif environ.get(ENV) is not None:
+    elif environ.get(ENV, "").strip():  # (an empty value is as good as unset)
         count, source = parse_count(environ[ENV], ENV), ENV
     else:
         count, source = max(1, len(cores)), "performance cores"

@@ -53,9 +53,10 @@ def test_threads_flag_then_environment_override_the_cores(hybrid):
     many = choose_workers(cpu, 5, environ={})
     assert many.cpus == (0, 2, 1, 3, 4) and many.left_alone == (5, 6, 7)
     assert choose_workers(cpu, 4, environ={}).describe(2).endswith("TVM's pool runs 2)")
+    assert choose_workers(cpu, environ={ENV: ""}).source == "performance cores"  # empty: as if unset
 
 
-@pytest.mark.parametrize("value", ["0", "two", "-1", ""])
+@pytest.mark.parametrize("value", ["0", "two", "-1", "2.5"])
 def test_a_bad_environment_count_is_one_clear_error(hybrid, value):
     with pytest.raises(JitllmError, match="TVM_NUM_THREADS"):
         choose_workers(detect_cpu(str(hybrid), mask=[0, 1]), environ={ENV: value})

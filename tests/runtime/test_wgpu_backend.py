@@ -94,7 +94,7 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     assert (stats["pipelines"], stats["bind_groups"]) == (recorded["pipelines"], recorded["bind_groups"])
 
 
-@pytest.mark.parametrize("wtype", ["f32", "f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("wtype", ["f32", "f16", "q4_0"])  # (q4_1: the tiny model; q8_0: the kernel test below)
 def test_each_weight_type_on_vulkan_gives_the_hosts_logits(vulkan, wtype, tmp_path, cache_dir):
     path = tmp_path / f"tiny-{wtype}.jlm"
     write_random_model(path, "tiny", wtype, seed=2)

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from jitllm.core.errors import JitllmError
 
 RECORDINGS = 64
@@ -72,23 +74,15 @@ def bind_shapes(declared: list, tensors: list, env: dict[str, int], what: str) -
                 env[dim] = int(actual)
     for spec, tensor in zip(declared, tensors):
         want = [evaluate(d, env) for d in spec["shape"]]
-        if [int(a) for a in tensor.shape] != want and _elements(want) * _itemsize(spec["dtype"]) != tensor.nbytes:
+        same_bytes = int(np.prod(want, dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize == tensor.nbytes
+        if [int(a) for a in tensor.shape] != want and not same_bytes:  # (quant bytes are read as words)
             raise JitllmError(f"{what}: shape {tuple(tensor.shape)} where the kernel takes {tuple(want)}")
-
-
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "uint8": 1, "int8": 1, "uint16": 2}[dtype]
 
 
 @dataclass
 class Dispatch:
+    """One recorded dispatch: what replaying it encodes."""
+
     pipeline: object
     bind_group: object
     groups: tuple[int, int, int]

@@ -313,20 +313,17 @@ class Engine:
         for slot in list(self._slots):
             if slot.job.cancelled:
                 self._finish(slot, "cancelled")
-        histories = {}
         for slot in self._slots:
-            history = histories[id(slot)] = slot.job.prompt + slot.generated
             if slot.tokens is not None:
                 _close(slot)
                 slot.tokens = None
-            if slot.session.length >= len(history):
-                ex.truncate_session(slot.session, len(history) - 1)
-        plans = [SequencePlan(i, len(histories[id(slot)]), slot.session.length,
-                              decoding=bool(slot.generated) and len(histories[id(slot)]) - slot.session.length == 1)
+            if slot.session.length >= _history_length(slot):
+                ex.truncate_session(slot.session, _history_length(slot) - 1)
+        plans = [SequencePlan(i, _history_length(slot), slot.session.length,
+                              decoding=bool(slot.generated) and _history_length(slot) - slot.session.length == 1)
                  for i, slot in enumerate(self._slots)]
         plan = plan_step(plans, self.settings.token_budget, len(plans))
-        work = [(self._slots[i], histories[id(self._slots[i])][self._slots[i].session.length:][:count])
-                for i, count in plan]
+        work = [(self._slots[i], _unfed(self._slots[i], count)) for i, count in plan]
         try:
             logits = ex.batched_forward([(slot.session, ids) for slot, ids in work])
         except DeviceFault as fault:
@@ -341,7 +338,7 @@ class Engine:
         self.metrics.batched_steps.inc()
         self.metrics.batched_rows.inc(len(work))
         for (slot, _), row in zip(work, logits):
-            if slot.session.length < len(histories[id(slot)]):
+            if slot.session.length < _history_length(slot):
                 continue  # (a prompt chunk: more of it next turn)
             token = slot.sampler(row)
             if not slot.job.ignore_eos and token in self.model.tokenizer.stop_token_ids:
@@ -404,6 +401,20 @@ def _close(slot: Slot) -> None:
         return
     with contextlib.suppress(DeviceFault):  # (a step launched ahead on a device that failed)
         slot.tokens.close()
+
+
+def _history_length(slot: Slot) -> int:
+    """Tokens the slot's session must hold before its next token is sampled: its prompt and what it generated."""
+    return len(slot.job.prompt) + len(slot.generated)
+
+
+def _unfed(slot: Slot, count: int) -> list[int]:
+    """The first `count` of those its session does not hold yet (without copying its whole history each token)."""
+    at, prompt = slot.session.length, slot.job.prompt
+    if at >= len(prompt):
+        return slot.generated[at - len(prompt):at - len(prompt) + count]
+    head = prompt[at:at + count]
+    return head + slot.generated[:count - len(head)]
 
 
 def batchable(executor) -> bool:

@@ -11,20 +11,12 @@ from reference import block_forward, head_forward, paged_inputs, random_weights
 
 from jitllm.ir.blocks import activation_inputs, weight_inputs
 
+from cuda_check import cuda_available
+
 pytestmark = pytest.mark.gpu
 
 
-def _cuda_available() -> bool:
-    try:
-        from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
-
-        ensure_cuda_runtime(allow_stub=False)
-        return tvm.cuda(0).exist
-    except Exception:
-        return False
-
-
-if not _cuda_available():
+if not cuda_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 TOL = 5e-5

@@ -8,26 +8,17 @@ import math
 
 import numpy as np
 import pytest
-import tvm
 
 from jitllm.model import load
 from jitllm.perplexity import perplexity, windows
+
+from cuda_check import cuda_available
 
 pytestmark = pytest.mark.gpu
 PROMPT = list(range(4, 44))
 
 
-def _cuda_available() -> bool:
-    try:
-        from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime
-
-        ensure_cuda_runtime(allow_stub=False)
-        return tvm.cuda(0).exist
-    except Exception:
-        return False
-
-
-if not _cuda_available():
+if not cuda_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 

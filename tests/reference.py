@@ -171,3 +171,17 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=2)
     return out[0, len(ids):].tolist()
+
+
+def stepwise_logits(model, prompt: list[int], moves: dict[int, str], steps: int) -> list[np.ndarray]:
+    """Each step's logits of one session, the host's greedy pick fed back, with `moves` (Model.move's
+    "BLOCKS=TARGET,...") made before the given steps."""
+    ex = model.executor
+    session = ex.new_session()
+    logits = [ex.forward(session, prompt)]
+    for step in range(steps):
+        if step in moves:
+            for part in moves[step].split(","):
+                model.move(*part.split("="))
+        logits.append(ex.forward(session, [int(np.argmax(logits[-1]))]))
+    return logits

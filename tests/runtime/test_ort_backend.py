@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import stepwise_logits
 
 from jitllm.core.errors import JitllmError
 from jitllm.model import load
@@ -45,16 +46,7 @@ def test_a_missing_execution_provider_is_one_clear_line():
 
 
 def _stepwise(model, moves: dict[int, str], steps: int) -> list[np.ndarray]:
-    """Each step's logits, the host's greedy pick fed back, with `moves` made before the given steps."""
-    ex = model.executor
-    session = ex.new_session()
-    logits = [ex.forward(session, PROMPT)]
-    for step in range(steps):
-        if step in moves:
-            for part in moves[step].split(","):
-                model.move(*part.split("="))
-        logits.append(ex.forward(session, [int(np.argmax(logits[-1]))]))
-    return logits
+    return stepwise_logits(model, PROMPT, moves, steps)
 
 
 @pytest.mark.parametrize("model_name", ["tiny_model", "tiny_hybrid_model"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import stepwise_logits
 
 from jitllm.model import load
 from jitllm.random_model import write_random_model
@@ -33,16 +34,7 @@ def vulkan(setup_failed) -> str:
 
 
 def _stepwise(model, moves: dict[int, str], steps: int) -> list[np.ndarray]:
-    """Each step's logits, the greedy pick fed back, with `moves` made before the given steps."""
-    ex = model.executor
-    session = ex.new_session()
-    logits = [ex.forward(session, PROMPT)]
-    for step in range(steps):
-        if step in moves:
-            for part in moves[step].split(","):
-                model.move(*part.split("="))
-        logits.append(ex.forward(session, [int(np.argmax(logits[-1]))]))
-    return logits
+    return stepwise_logits(model, PROMPT, moves, steps)
 
 
 def _close(expected: list[np.ndarray], got: list[np.ndarray]) -> None:

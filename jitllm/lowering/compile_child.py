@@ -9,6 +9,9 @@ the caller's cleanup. The child is a fork (TVM is already imported: a fresh inte
 seconds importing it) in a process group of its own (out of the terminal's reach: the parent decides
 what Ctrl-C does), ignores SIGINT, is killed by the kernel if the parent dies without cleanup (SIGKILL),
 and ends with os._exit (the parent's atexit handlers and buffered output stay the parent's).
+The objects the child inherits are frozen out of its garbage collector (gc.freeze before the fork): a
+cycle the parent had not collected yet, holding a library object whose destructor joins threads that only
+exist in the parent (an ONNX Runtime session's pool), hung the child in that destructor for good.
 
 Where fork cannot be relied on (not Linux: macOS frameworks are not fork-safe), the work runs in this
 process and a signal is handled when it returns.
@@ -17,6 +20,7 @@ process and a signal is handled when it returns.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -41,9 +45,11 @@ def run_in_child(work: Callable[[], None]) -> None:
     # `try` that kills the child (not between fork and try, which left the child compiling, an orphan).
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     parent = os.getpid()
+    gc.freeze()  # (the child never collects what it inherits; the parent unfreezes below)
     try:
         pid = os.fork()
     except BaseException:
+        gc.unfreeze()
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         os.close(read)
         os.close(write)
@@ -51,6 +57,7 @@ def run_in_child(work: Callable[[], None]) -> None:
     if pid == 0:  # the child
         os.close(read)
         _child(work, write, previous, parent)
+    gc.unfreeze()
     try:
         os.close(write)
         try:

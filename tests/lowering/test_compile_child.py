@@ -103,3 +103,32 @@ def test_a_child_whose_parent_is_killed_dies_with_it(tmp_path):
         assert time.monotonic() < deadline, "the child outlived its killed parent"
         time.sleep(0.05)
     assert not finished.exists() and not unwound.exists()
+
+
+class _Finalized:
+    """In a reference cycle (so only the garbage collector frees it); says in which process it was freed."""
+
+    def __init__(self, record: Path) -> None:
+        self.record, self.cycle = record, self
+
+    def __del__(self) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def test_the_child_never_collects_garbage_it_inherited(tmp_path):
+    """A cycle the parent had not collected yet, holding an object whose destructor waits on the parent's
+    threads (an ONNX Runtime session), hung a compile child for good in that destructor; the child must
+    leave what it inherits alone, and the parent still collects it."""
+    import gc
+
+    record = tmp_path / "freed"
+    gc.disable()  # (the cycle must still be uncollected at the fork)
+    try:
+        _Finalized(record)
+        run_in_child(gc.collect)
+    finally:
+        gc.enable()
+    assert not record.exists(), "the child ran the destructor of an object it inherited"
+    gc.collect()
+    assert record.read_text() == f"{os.getpid()}\n"

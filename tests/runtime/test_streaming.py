@@ -1,0 +1,206 @@
+"""Streamed blocks (`~`) on a simulated device whose budget is smaller than the weights: the blocks pass
+through two slots each token, the logits equal a resident run's bit for bit (a simulated device computes
+from the slots' host memory, so a slot holding the wrong block's weights shows in the logits), and the
+charged bytes and the bytes uploaded per token are what the slots and the streamed blocks say."""
+
+from __future__ import annotations
+
+import dataclasses
+import numpy as np
+import pytest
+
+from jitllm.core.errors import JitllmError
+from jitllm.model import load
+from jitllm.runtime.backends import fake
+from jitllm.runtime.backends.base import BackendCaps
+
+PROMPT = list(range(4, 30))
+STEPS = 10
+BUDGET = 64_000
+"""Bytes of sim:0: two 23 KiB slots and the 13 KiB head, not the four 23 KiB blocks."""
+
+
+@pytest.fixture(scope="module")
+def four_blocks(tmp_path_factory):
+    """`tiny` with four blocks (its kinds, so its compiled artifacts)."""
+    from jitllm.random_model import PRESETS, write_random_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny4.jlm"
+    write_random_model(path, dataclasses.replace(PRESETS["tiny"], num_blocks=4), "q4_1", seed=3)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def sim_devices(monkeypatch):
+    monkeypatch.setenv(fake.ENABLE, "1")
+
+
+def _load(path, cache_dir, devices="cpu", placement=None):
+    return load(path, devices=devices, ctx=128, cache_dir=cache_dir, placement=placement, cpu_kernels="exact")
+
+
+def _logits(model, moves=None) -> list[np.ndarray]:
+    """The prompt's last logits, then STEPS greedy steps' (with `moves[k]` applied before step k)."""
+    ex = model.executor
+    session = ex.new_session()
+    out = [ex.forward(session, PROMPT)]
+    for k in range(STEPS):
+        for spec in (moves or {}).get(k, []):
+            target = spec.split("=")[1]
+            model.move(spec.split("=")[0], target)
+        out.append(ex.forward(session, [int(np.argmax(out[-1]))]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def resident(four_blocks, cache_dir):
+    return _logits(_load(four_blocks, cache_dir))
+
+
+def test_streamed_blocks_match_a_resident_run_within_the_slots(four_blocks, cache_dir, resident):
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    ex, device = model.executor, model.devices["sim:0"]
+    block_bytes = ex.blocks[0].nbytes
+    assert all(u.stream is not None and u.weights is None for u in ex.blocks)
+    assert 4 * block_bytes + ex.head.nbytes > BUDGET  # the weights do not fit; the slots do
+    assert device.used_bytes == 2 * block_bytes + ex.head.nbytes
+    pool = ex.streams["sim:0"]
+    session = ex.new_session()
+    logits = [ex.forward(session, PROMPT)]
+    assert len(pool.slots) == 2 and pool.uploads == 5  # four blocks, and the next token's first prefetched
+    for _ in range(STEPS):
+        before = pool.uploaded_bytes
+        logits.append(ex.forward(session, [int(np.argmax(logits[-1]))]))
+        assert pool.uploaded_bytes - before == 4 * block_bytes  # every block once per token
+    assert all(np.array_equal(a, b) for a, b in zip(logits, resident, strict=True))
+    assert ex.pools["sim:0"].pages.device == device.backend.tvm_device  # KV stays on the device
+    assert model.plan.budgets[0].upload_bytes_per_token == 4 * block_bytes
+    assert "4 blocks stream" in model.plan.describe()
+
+
+def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, resident):
+    """A streamed block made resident on the host and streamed again, and one made resident on its own device."""
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=200000", "*=sim:0~")
+    moves = {2: ["1=host"], 4: ["1=sim:1~"], 6: ["3=sim:1"], 8: ["0-1=sim:0~"]}
+    assert all(np.array_equal(a, b) for a, b in zip(_logits(model, moves), resident, strict=True))
+    ex = model.executor
+    assert [u.device.name for u in ex.blocks] == ["sim:0", "sim:0", "sim:0", "sim:1"]
+    assert [u.stream is not None for u in ex.blocks] == [True, True, True, False]
+    assert sorted(ex.streams["sim:0"].members) == [0, 1, 2] and not ex.streams["sim:1"].members
+    assert model.devices["sim:1"].used_bytes == ex.blocks[3].nbytes  # its slots let go when block 1 left
+    assert model.devices["sim:0"].used_bytes == 2 * ex.blocks[0].nbytes + ex.head.nbytes
+
+
+def test_a_move_that_cannot_get_slots_is_refused(four_blocks, cache_dir):
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=30000", "*=sim:0~")
+    with pytest.raises(JitllmError, match="sim:1 cannot hold"):
+        model.move("2", "sim:1~")
+    assert model.executor.blocks[2].device.name == "sim:0" and not model.executor.streams.get("sim:1")
+
+
+def test_budget_smaller_than_the_slots_is_refused(four_blocks, cache_dir):
+    with pytest.raises(JitllmError) as e:
+        _load(four_blocks, cache_dir, "sim:0=40000", "*=sim:0~")
+    assert "cannot hold 2 streaming slots of 23.0 KiB" in str(e.value) and "\n" not in str(e.value)
+
+
+class _Marker:
+    def __init__(self) -> None:
+        self.recorded = 0
+
+
+class DeferredQueue:
+    """A copy queue whose uploads happen only when a wait asks for their end (reading the staging buffer
+    then, as a DMA engine would): kernels that do not wait for their upload get wrong weights. It also
+    checks what its synchronous stand-in cannot show: a staging buffer is refilled only after the host
+    waited for its last upload, and an upload into a slot comes after the kernels of the slot's last unit."""
+
+    def __init__(self) -> None:
+        self.pending: dict[_Marker, tuple] = {}
+        self.unconfirmed: dict[int, _Marker] = {}
+        """staging buffer address -> the marker of its last upload, until the host waited for it."""
+        self.after_seen: dict[_Marker, int] = {}
+        self.device_waits_seen = self.uploads = 0
+
+    def staging(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    def marker(self) -> _Marker:
+        return _Marker()
+
+    def record_kernels(self, marker: _Marker) -> None:
+        marker.recorded += 1
+
+    def upload(self, dst, src: np.ndarray, after: _Marker, done: _Marker) -> None:
+        assert done not in self.pending
+        assert src.ctypes.data not in self.unconfirmed, "staging refilled before its last upload was waited for"
+        if after in self.after_seen:
+            assert after.recorded > self.after_seen[after], "upload into a slot whose kernels were not marked"
+        self.after_seen[after] = after.recorded
+        self.unconfirmed[src.ctypes.data] = done
+        self.pending[done] = (dst, src)
+        self.uploads += 1
+
+    def _run(self, marker: _Marker) -> None:
+        if marker in self.pending:
+            dst, src = self.pending.pop(marker)
+            dst.copyfrom(src)
+
+    def device_waits(self, marker: _Marker) -> None:
+        self.device_waits_seen += 1
+        self._run(marker)
+
+    def host_waits(self, marker: _Marker) -> None:
+        self._run(marker)
+        self.unconfirmed = {at: m for at, m in self.unconfirmed.items() if m is not marker}
+
+
+class _AsyncSim:
+    """A simulated device's backend that declares async copies and hands out a DeferredQueue."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.queue = inner, DeferredQueue()
+        self.caps = BackendCaps(**{**dataclasses.asdict(inner.caps), "async_copies": True})
+
+    def copy_queue(self) -> DeferredQueue:
+        return self.queue
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_async_copy_queue_path_orders_uploads_by_markers(four_blocks, cache_dir, resident, monkeypatch):
+    made = fake.make_device
+
+    def async_sim(choice, cpu_kernels, gpu_kernels):
+        device = made(choice, cpu_kernels, gpu_kernels)
+        device.backend = _AsyncSim(device.backend)
+        return device
+
+    monkeypatch.setattr(fake, "make_device", async_sim)
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    assert all(np.array_equal(a, b) for a, b in zip(_logits(model), resident, strict=True))
+    queue = model.devices["sim:0"].backend.queue
+    assert queue.uploads == 4 * (STEPS + 1) + 1 and queue.device_waits_seen == 4 * (STEPS + 1)
+
+
+def test_cli_streams_and_says_so(four_blocks, cache_dir, monkeypatch):
+    """`jitllm run -v` (in this process) prints the slots and a token's uploads, and what streamed; a budget
+    smaller than the slots is one line."""
+    from click.testing import CliRunner
+
+    from jitllm.cli import main
+
+    monkeypatch.setenv("JITLLM_CACHE_DIR", str(cache_dir))
+
+    def run(*flags):
+        args = ["run", "-n", "4", "-temp", "0", str(four_blocks), "hello", "-placement", "*=sim:0~", *flags]
+        return CliRunner().invoke(main, args)
+
+    ok = run("-devices", f"sim:0={BUDGET}", "-v", "-cpu-kernels", "exact")
+    assert ok.exit_code == 0, ok.stderr
+    assert "2 streaming slots of 23.0 KiB (4 blocks stream: 92.0 KiB uploaded per token)" in ok.stderr
+    assert "jitllm: streamed sim:0: 4 streamed blocks through 2 slots" in ok.stderr
+    bad = run("-devices", "sim:0=40000")
+    assert bad.exit_code == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert bad.stderr.startswith("jitllm: error: placement *=sim:0~: sim:0 cannot hold 2 streaming slots")

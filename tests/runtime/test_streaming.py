@@ -5,6 +5,7 @@ charged bytes and the bytes uploaded per token are what the slots and the stream
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import numpy as np
 import pytest
@@ -204,3 +205,85 @@ def test_cli_streams_and_says_so(four_blocks, cache_dir, monkeypatch):
     bad = run("-devices", "sim:0=40000")
     assert bad.exit_code == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert bad.stderr.startswith("jitllm: error: placement *=sim:0~: sim:0 cannot hold 2 streaming slots")
+
+
+class StreamDriver:
+    """The CUDA driver calls of backends/cuda_copies.py over host memory: events and streams are numbers,
+    an async copy is a memmove done at once, and every call is logged (its ctypes arguments unpacked as
+    the real library would take them)."""
+
+    COPY_STREAM = 7
+
+    def __init__(self) -> None:
+        self.live: dict[int, np.ndarray] = {}
+        self.calls: list[tuple] = []
+        self.events = 100
+
+    def cuCtxGetCurrent(self, ctx) -> int:
+        ctx._obj.value = 1
+        return 0
+
+    def cuMemHostAlloc(self, pointer, size, flags) -> int:
+        backing = np.zeros(size.value + 4096, np.uint8)
+        pointer._obj.value = address = -(-backing.ctypes.data // 4096) * 4096
+        self.live[address] = backing
+        return 0
+
+    def cuEventCreate(self, pointer, flags) -> int:
+        self.events += 1
+        pointer._obj.value = self.events
+        return 0
+
+    def cuStreamCreate(self, pointer, flags) -> int:
+        pointer._obj.value = self.COPY_STREAM
+        return 0
+
+    def cuEventRecord(self, event, stream) -> int:
+        self.calls.append(("record", event.value, stream.value))
+        return 0
+
+    def cuStreamWaitEvent(self, stream, event, flags) -> int:
+        self.calls.append(("wait", stream.value, event.value))
+        return 0
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, nbytes, stream) -> int:
+        ctypes.memmove(dst.value, src.value, nbytes.value)
+        self.calls.append(("copy", stream.value, nbytes.value))
+        return 0
+
+    def cuEventSynchronize(self, event) -> int:
+        self.calls.append(("sync", event.value))
+        return 0
+
+
+def test_cuda_copy_queue_drives_a_stream_and_events(four_blocks, cache_dir, resident, monkeypatch):
+    """CudaCopyQueue (what a CUDA device streams with) against a stand-in driver on a simulated device: the
+    weights arrive (logits as a resident run's), each copy runs on the copy stream after it waited for the
+    slot's kernels event, and the kernels' stream waits for each copy's event."""
+    import tvm
+
+    from jitllm.runtime.backends import cuda_driver, pinned
+    from jitllm.runtime.backends.cuda_copies import CudaCopyQueue
+
+    driver = StreamDriver()
+    monkeypatch.setattr(cuda_driver, "driver", lambda: driver)
+    monkeypatch.setattr(pinned, "_pool", None)  # (this test's page-locked memory is the stand-in's)
+    made = fake.make_device
+
+    def cuda_like(choice, cpu_kernels, gpu_kernels):
+        device = made(choice, cpu_kernels, gpu_kernels)
+        device.backend = _AsyncSim(device.backend)
+        device.backend.queue = CudaCopyQueue(tvm.cpu(0), "sim:0")
+        return device
+
+    monkeypatch.setattr(fake, "make_device", cuda_like)
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    assert all(np.array_equal(a, b) for a, b in zip(_logits(model), resident, strict=True))
+    calls = driver.calls
+    copies = [i for i, c in enumerate(calls) if c[0] == "copy"]
+    assert len(copies) == 4 * (STEPS + 1) + 1 and all(calls[i][1] == StreamDriver.COPY_STREAM for i in copies)
+    assert all(calls[i - 1][:2] == ("wait", StreamDriver.COPY_STREAM) for i in copies)
+    assert all(calls[i + 1][0] == "record" and calls[i + 1][2] == StreamDriver.COPY_STREAM for i in copies)
+    kernel_waits = [c for c in calls if c[0] == "wait" and c[1] != StreamDriver.COPY_STREAM]
+    assert len(kernel_waits) == 4 * (STEPS + 1)
+    del model

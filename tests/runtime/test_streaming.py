@@ -79,6 +79,31 @@ def test_streamed_blocks_match_a_resident_run_within_the_slots(four_blocks, cach
     assert "4 blocks stream" in model.plan.describe()
 
 
+def test_batched_steps_over_streamed_blocks_match_a_resident_run(four_blocks, cache_dir):
+    """Two sessions' ragged prefill and decode steps (each streamed block once per step for both)."""
+    prompts = [PROMPT, PROMPT[:9]]
+
+    def run(model):
+        ex = model.executor
+        sessions = [ex.new_session(), ex.new_session()]
+        out = [ex.batched_forward(list(zip(sessions, prompts)))]
+        for _ in range(3):
+            out.append(ex.batched_forward([(s, [int(np.argmax(row))]) for s, row in zip(sessions, out[-1])]))
+        return out
+
+    streamed = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    assert all(np.array_equal(a, b) for a, b in zip(run(streamed), run(_load(four_blocks, cache_dir)), strict=True))
+    assert streamed.executor.streams["sim:0"].uploads == 4 * 4 + 1
+
+
+def test_recurrent_and_attention_blocks_stream_through_one_pool(tiny_hybrid_model, cache_dir):
+    """llama, gla, llama, gla: two layouts in the same slots, a recurrent step reading its slot."""
+    model = _load(tiny_hybrid_model, cache_dir, "sim:0=100000", "*=sim:0~")
+    assert len({s.layout for s in model.executor.streams["sim:0"].members.values()}) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(_logits(model), _logits(_load(tiny_hybrid_model, cache_dir)),
+                                                    strict=True))
+
+
 def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, resident):
     """A streamed block made resident on the host and streamed again, and one made resident on its own device."""
     model = _load(four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=200000", "*=sim:0~")
@@ -90,6 +115,15 @@ def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, reside
     assert sorted(ex.streams["sim:0"].members) == [0, 1, 2] and not ex.streams["sim:1"].members
     assert model.devices["sim:1"].used_bytes == ex.blocks[3].nbytes  # its slots let go when block 1 left
     assert model.devices["sim:0"].used_bytes == 2 * ex.blocks[0].nbytes + ex.head.nbytes
+
+
+def test_a_failing_streaming_device_finishes_on_the_host(four_blocks, cache_dir):
+    resident = _load(four_blocks, cache_dir).generate_ids(PROMPT, 8)
+    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    model.devices["sim:0"].backend.faults.launch = True
+    assert model.generate_ids(PROMPT, 8) == resident
+    assert all(u.device.name == "host" and u.stream is None for u in model.executor.blocks)
+    assert model.devices["sim:0"].used_bytes == 0 and not model.executor.streams["sim:0"].slots
 
 
 def test_a_move_that_cannot_get_slots_is_refused(four_blocks, cache_dir):

@@ -18,10 +18,12 @@ synchronous write into the slot. Steps over segments with streamed units are not
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitllm.core.errors import DeviceFault
 from jitllm.runtime.backends.base import CopyQueue, Layout, Marker, Tensor
 from jitllm.runtime.device import Device
 from jitllm.runtime.device_spec import format_bytes
@@ -104,7 +106,8 @@ class SlotPool:
         self.charged = wanted
 
     def _drop_slots(self) -> None:
-        self.quiesce()
+        with contextlib.suppress(DeviceFault):  # (a device that failed has nothing left in flight to wait for)
+            self.quiesce()
         self.slots, self._current = [], None
 
     # -- steps ------------------------------------------------------------------------------------

@@ -8,11 +8,12 @@ again after the last: the next token's) is uploaded into another slot, so its up
 one computes. A slot that already holds a unit's weights is used again without an upload (all streamed
 blocks fit in the slots: they upload once). The KV pages of streamed blocks stay on their device.
 
-Where the backend has a copy queue (BackendCaps.async_copies: CUDA), an upload is a host copy from the
-mapped file into that slot's page-locked staging buffer (one per slot: the model may not fit in host
-memory, so it is never pinned whole) and an asynchronous copy on the queue's stream, which waits for the
-kernels of the slot's previous unit; the unit's kernels wait for their upload. Elsewhere it is a
-synchronous write into the slot. Steps over segments with streamed units are not captured as graphs
+Where the backend has a copy queue (BackendCaps.async_copies: CUDA), an upload is a read of the file
+(pread, not the map: no page of the process is faulted in per token) into that slot's page-locked staging
+buffer (one per slot: the model may not fit in host memory, so it is never pinned whole) and an
+asynchronous copy on the queue's stream, which waits for the kernels of the slot's previous unit; the
+unit's kernels wait for their upload. Elsewhere it is a synchronous write into the slot from the mapped
+pages, which are let go after. Steps over segments with streamed units are not captured as graphs
 (a graph would bake one unit's slot contents): they run eagerly (step_graphs.Segment.capturable).
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jitllm.core.errors import DeviceFault
+from jitllm.core.jlm import JlmFile
 from jitllm.runtime.backends.base import CopyQueue, Layout, Marker, Tensor
 from jitllm.runtime.device import Device
 from jitllm.runtime.device_spec import format_bytes
@@ -37,7 +39,7 @@ class StreamedSource:
 
     groups: list[list[np.ndarray]]
     names: list[str]
-    """Its file tensors' names (their mapped pages are let go after each upload)."""
+    """Its file tensors' names, in the order of the parts of `groups`."""
     nbytes: int
     """The weights' bytes as charged (the file tensors'; the slots are charged this much each)."""
     layout: Layout = ()
@@ -64,8 +66,9 @@ class _Slot:
 class SlotPool:
     """One device's streaming slots and the streamed units it serves (see the module docstring)."""
 
-    def __init__(self, device: Device, release_pages=lambda names: None, slots: int = STREAM_SLOTS) -> None:
-        self.device, self.count, self._release_pages = device, slots, release_pages
+    def __init__(self, device: Device, file: JlmFile, slots: int = STREAM_SLOTS) -> None:
+        """`file`: where the members' weights are (read into staging buffers, or through its map)."""
+        self.device, self.count, self._file = device, slots, file
         self.members: dict[int, StreamedSource] = {}
         self.charged = 0
         """Bytes of the device's budget the slots hold: `count` x the largest member's bytes."""
@@ -178,16 +181,16 @@ class SlotPool:
     def _upload(self, index: int, slot: _Slot) -> None:
         source = self.members[index]
         slot.holder = None
-        if self._queue is None:
+        if self._queue is None:  # (through the map, whose pages read are let go after)
             write_parts(self.device, slot.buffer, source.groups, source.layout)
-        else:
+            self._file.release_pages(source.names)
+        else:  # read from the file straight into the staging buffer: no mapped page faulted in
             self._queue.host_waits(slot.ready)  # (the staging buffer's last upload has left it)
             staging = slot.staging[:source.padded]
-            for part, at in part_offsets(source.groups, source.layout):
-                staging[at:at + part.nbytes] = part.reshape(-1).view(np.uint8)
+            for name, (part, at) in zip(source.names, part_offsets(source.groups, source.layout), strict=True):
+                self._file.read_into(name, staging[at:at + part.nbytes])
             region = self.device.region(slot.buffer, (source.padded,), "uint8", 0)
             self._queue.upload(region, staging, after=slot.free, done=slot.ready)
-        self._release_pages(source.names)
         slot.holder = index
         self.uploads += 1
         self.uploaded_bytes += source.nbytes

@@ -101,7 +101,7 @@ def admit(ex, index: int, device: Device, kind: BlockKind) -> SlotPool:
     """Block `index` streamed through `device`'s slots (its SlotPool made at the first), laid out for `kind`."""
     pool = ex.streams.get(device.name)
     if pool is None:
-        pool = ex.streams[device.name] = SlotPool(device, ex.model.release_pages)
+        pool = ex.streams[device.name] = SlotPool(device, ex.model)
     groups = ex.layout.weight_sources(index, kind)
     parts = [[ex.model.tensor(n) for n in group] for group in groups]
     names = [n for group in groups for n in group]

@@ -76,6 +76,8 @@ class SlotPool:
         """Made at the first acquire, `count` buffers of the largest member's padded size."""
         self._queue: CopyQueue | None = device.backend.copy_queue() if device.backend.caps.async_copies else None
         self._current: _Slot | None = None
+        self._first: int | None = None
+        self._next: dict[int, int | None] = {}
         self.uploads = self.uploaded_bytes = self.hits = self.passes = 0
         """Counts: uploads into slots and their bytes, prefetches that found their unit still in a slot (no
         upload), and passes (steps through the first streamed block: a prompt chunk or a decode token)."""
@@ -85,6 +87,7 @@ class SlotPool:
         """Stream unit `index` through these slots: the budget charged for their growth (or a one-line error)."""
         self._recharge({**self.members, index: source}, f"streaming slots for block {index}")
         self.members[index] = source
+        self._order()
         if self.slots and source.padded > int(self.slots[0].buffer.shape[0]):
             self._drop_slots()  # (made again, larger, at the next acquire)
 
@@ -92,6 +95,7 @@ class SlotPool:
         """Unit `index` no longer streams here (it moved); the slots shrink with what is left."""
         if self.members.pop(index, None) is None:
             return
+        self._order()
         for slot in self.slots:
             if slot.holder == index:
                 slot.holder = None
@@ -116,8 +120,7 @@ class SlotPool:
     # -- steps ------------------------------------------------------------------------------------
     def acquire(self, index: int) -> list[Tensor]:
         """Unit `index`'s weights in a slot (uploaded now unless a slot holds them), as its program takes them."""
-        if index == min(self.members):
-            self.passes += 1
+        self.passes += index == self._first
         slot = self._holding(index, avoid=None)
         self._current = slot
         if self._queue is not None:
@@ -134,7 +137,7 @@ class SlotPool:
         slot = self._current
         if self._queue is not None:
             self._queue.record_kernels(slot.free)
-        following = self._following(index)
+        following = self._next[index]
         if following is not None:
             self._holding(following, avoid=slot)
 
@@ -144,13 +147,12 @@ class SlotPool:
             for slot in self.slots:
                 self._queue.host_waits(slot.ready)
 
-    def _following(self, index: int) -> int | None:
-        """The next member after `index` in block order, the first after the last; None if it is alone."""
+    def _order(self) -> None:
+        """The members' order, worked out when it changes: the first, and each one's follower (the next
+        in block order, the first after the last; None where a member is alone)."""
         order = sorted(self.members)
-        if len(order) < 2:
-            return None
-        later = [i for i in order if i > index]
-        return later[0] if later else order[0]
+        self._first = order[0] if order else None
+        self._next = {i: (order[(k + 1) % len(order)] if len(order) > 1 else None) for k, i in enumerate(order)}
 
     def _holding(self, index: int, avoid: _Slot | None) -> _Slot:
         """The slot holding `index`'s weights, uploaded into the slot used longest ago (not `avoid`) if none does."""

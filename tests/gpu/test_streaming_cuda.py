@@ -46,8 +46,9 @@ def test_streamed_blocks_on_cuda_match_resident_ones(four_blocks, cache_dir):
 
     kw = dict(ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact")
     resident = _logits(load(four_blocks, devices="cuda:0", **kw))
-    model = load(four_blocks, devices="cuda:0=64000", placement="*=cuda:0~", **kw)
+    model = load(four_blocks, devices="cuda:0=100000", placement="*=cuda:0~", **kw)
     ex = model.executor
+    assert 4 * ex.blocks[0].nbytes + ex.head.nbytes > 100000  # the weights do not fit; the slots and one block do
     pool = ex.streams["cuda:0"]
     assert pool._queue is not None  # the copy stream, not synchronous writes
     assert model.devices["cuda:0"].used_bytes == 2 * ex.blocks[0].nbytes + ex.head.nbytes

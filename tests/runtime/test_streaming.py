@@ -117,6 +117,14 @@ def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, reside
     assert model.devices["sim:0"].used_bytes == 2 * ex.blocks[0].nbytes + ex.head.nbytes
 
 
+def test_gpu_grow_grows_streamed_blocks_as_streamed(four_blocks, cache_dir):
+    model = load(four_blocks, devices=f"sim:0={BUDGET}", placement="*=sim:0~", gpu_grow=True, ctx=128,
+                 cache_dir=cache_dir, cpu_kernels="exact")
+    assert model.grow_queue[:2] == [(0, "sim:0~"), (1, "sim:0~")]
+    assert model.generate_ids(PROMPT, 6) == _load(four_blocks, cache_dir).generate_ids(PROMPT, 6)
+    assert all(u.device.name == "sim:0" and u.stream is not None for u in model.executor.blocks)
+
+
 def test_a_failing_streaming_device_finishes_on_the_host(four_blocks, cache_dir):
     resident = _load(four_blocks, cache_dir).generate_ids(PROMPT, 8)
     model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")

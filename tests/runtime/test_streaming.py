@@ -105,9 +105,10 @@ def test_recurrent_and_attention_blocks_stream_through_one_pool(tiny_hybrid_mode
 
 
 def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, resident):
-    """A streamed block made resident on the host and streamed again, and one made resident on its own device."""
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=200000", "*=sim:0~")
-    moves = {2: ["1=host"], 4: ["1=sim:1~"], 6: ["3=sim:1"], 8: ["0-1=sim:0~"]}
+    """A streamed block made resident on the host, streamed on another device and back; one made resident on
+    another device; one made resident on its own device (its KV pages staying) and streamed again."""
+    model = _load(four_blocks, cache_dir, "sim:0=100000,sim:1=200000", "*=sim:0~")
+    moves = {2: ["1=host"], 4: ["1=sim:1~"], 6: ["3=sim:1"], 7: ["2=sim:0"], 8: ["0-1=sim:0~"], 9: ["2=sim:0~"]}
     assert all(np.array_equal(a, b) for a, b in zip(_logits(model, moves), resident, strict=True))
     ex = model.executor
     assert [u.device.name for u in ex.blocks] == ["sim:0", "sim:0", "sim:0", "sim:1"]
@@ -115,6 +116,12 @@ def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, reside
     assert sorted(ex.streams["sim:0"].members) == [0, 1, 2] and not ex.streams["sim:1"].members
     assert model.devices["sim:1"].used_bytes == ex.blocks[3].nbytes  # its slots let go when block 1 left
     assert model.devices["sim:0"].used_bytes == 2 * ex.blocks[0].nbytes + ex.head.nbytes
+    from jitllm.server.placement import describe  # GET /v1/placement's answer
+
+    answer = describe(model)
+    assert [u["streamed"] for u in answer["units"]] == [True, True, True, False, False]
+    sim0 = next(d for d in answer["devices"] if d["name"] == "sim:0")["streaming"]
+    assert sim0["blocks"] == [0, 1, 2] and sim0["slots"] == 2 and sim0["uploaded_bytes"] > 0
 
 
 def test_gpu_grow_grows_streamed_blocks_as_streamed(four_blocks, cache_dir):

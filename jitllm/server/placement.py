@@ -28,6 +28,7 @@ def move(model, spec: str, metrics: Metrics) -> dict:
     metrics.moves.inc(len(reports))
     metrics.moved_bytes.inc(sum(r.weight_bytes + r.kv_bytes + r.state_bytes for r in reports))
     return {"moves": [{"unit": str(r.unit), "from": r.source, "to": r.dest, "weight_bytes": r.weight_bytes,
-                       "kv_bytes": r.kv_bytes, "state_bytes": r.state_bytes, "streamed": r.streamed, "ms": round(r.seconds * 1e3, 3)}
+                       "kv_bytes": r.kv_bytes, "state_bytes": r.state_bytes, "streamed": r.streamed,
+                       "ms": round(r.seconds * 1e3, 3)}
                       for r in reports],
             "placement": describe(model)}

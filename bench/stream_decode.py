@@ -1,7 +1,8 @@
 """Streamed blocks (`~`) on a CUDA device against the copy-bound floor and the resident run, in one process.
 Run on the GPU machine:
 
-    python3 bench/stream_decode.py [-preset llama-3.2-3b -wtype f16] [-budget 2G] [-tokens 32] [MODEL.jlm]
+    python3 bench/stream_decode.py [-preset llama-3.2-3b -wtype f16] [-budget 2G] [-tokens 32] [-cache cache]
+                                   [MODEL.jlm]
 
 Decodes `-tokens` greedy tokens with every block resident on cuda:0 (where it fits) and with every block
 streamed (`-devices cuda:0=BUDGET -placement '*=cuda:0~'`), checks the tokens are the same, and prints each
@@ -22,7 +23,7 @@ from gpu_decode import random_model
 def decode(path: str, tokens: int, **options) -> tuple[list[int], float, object]:
     from jitllm.model import load
 
-    model = load(path, ctx=512, **options)
+    model = load(path, ctx=512, **options)  # (the cache holds the kinds' CUDA artifacts, compiled elsewhere)
     ex = model.executor
     session = ex.new_session()
     token = int(np.argmax(ex.forward(session, list(range(4, 36)))))
@@ -54,11 +55,13 @@ def main() -> None:
     parser.add_argument("-wtype", default="f16")
     parser.add_argument("-budget", default="2G")
     parser.add_argument("-tokens", type=int, default=32)
+    parser.add_argument("-cache", default="cache")
     parser.add_argument("-no-resident", action="store_true", help="skip the resident run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or str(random_model(args.preset, args.wtype, tmp)[0])
-        streamed, tps, model = decode(path, args.tokens, devices=f"cuda:0={args.budget}", placement="*=cuda:0~")
+        streamed, tps, model = decode(path, args.tokens, devices=f"cuda:0={args.budget}", placement="*=cuda:0~",
+                                     cache_dir=args.cache)
         pool = model.executor.streams["cuda:0"]
         per_token = model.plan.budgets[0].upload_bytes_per_token
         bandwidth = upload_bandwidth(pool._queue, model.devices["cuda:0"], max(s.padded for s in pool.members.values()))
@@ -68,7 +71,7 @@ def main() -> None:
               f"({tps / (bandwidth / per_token):.0%} of it); {pool.describe()}")
         del model
         if not args.no_resident:
-            resident, rtps, _ = decode(path, args.tokens, devices="cuda:0")
+            resident, rtps, _ = decode(path, args.tokens, devices="cuda:0", cache_dir=args.cache)
             print(f"resident: {rtps:.2f} tok/s; tokens identical: {resident == streamed}")
 
 

@@ -171,8 +171,9 @@ def load_with(source: str | Path | CheckedModel, options: LoadOptions) -> Model:
 
 
 def seam_tuner(the_plan: Plan) -> SeamTuner | None:
-    """A tuner over the engine's device blocks of the first device (None when no block is on a device)."""
-    device_blocks = [i for i, a in enumerate(the_plan.blocks) if a.device != HOST and not a.pinned]
+    """A tuner over the engine's device blocks of the first device (None when no block is on a device;
+    streamed blocks are left streaming)."""
+    device_blocks = [i for i, a in enumerate(the_plan.blocks) if a.device != HOST and not a.pinned and not a.streamed]
     if not device_blocks:
         return None
     device = the_plan.blocks[device_blocks[0]].device

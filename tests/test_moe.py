@@ -240,3 +240,34 @@ def test_loader_checks_the_pages_a_region_nests():
             check_container(header(pages, 64), 100, 4096 + 16384, 4096, 64)
     with pytest.raises(JitllmError, match="version 1 files do not have"):
         check_container(header(good), 100, 4096 + 16384, 4096, 64, pages=False)
+
+
+def test_moe_blocks_stream_and_move_as_resident_ones(models, cache_dir, monkeypatch):
+    """An MoE block (its experts' pages among its tensors) and a dense one streamed through a simulated
+    device's two slots, the MoE block moved to the host and back streamed: the resident run's logits, bit
+    for bit."""
+    from jitllm.model import load
+
+    monkeypatch.setenv("JITLLM_SIM_DEVICES", "1")
+    _, path = models["hf qwen3moe unnormalised, dense block 1"]
+    prompt = list(range(3, 27))
+
+    def logits(model, moves=()):
+        ex = model.executor
+        session = ex.new_session()
+        out = [ex.forward(session, prompt)]
+        for step in range(6):
+            for blocks, target in dict(moves).get(step, []):
+                model.move(blocks, target)
+            out.append(ex.forward(session, [int(np.argmax(out[-1]))]))
+        return out
+
+    resident = logits(load(path, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir))
+    probe = load(path, devices="sim:0", placement="*=sim:0~", cpu_kernels="exact", cache_dir=cache_dir)
+    budget = 2 * max(u.nbytes for u in probe.executor.blocks) + probe.executor.head.nbytes
+    model = load(path, devices=f"sim:0={budget}", placement="*=sim:0~", cpu_kernels="exact", cache_dir=cache_dir)
+    assert model.executor.blocks[0].kind.kind == "moe" and model.executor.blocks[0].stream is not None
+    streamed = logits(model, {2: [("0", "host")], 4: [("0", "sim:0~")]})
+    assert all(np.array_equal(a, b) for a, b in zip(streamed, resident, strict=True))
+    # both once; the slots shrink to block 1 when block 0 leaves and grow again when it is back: both again
+    assert model.executor.streams["sim:0"].uploads == 5

@@ -201,6 +201,9 @@ def finish_answer(model, reused: int | None = None) -> None:
     kept = "" if reused is None else f" ({reused} reused)"
     click.echo(f"jitllm: prefill {s.prompt_tokens} tokens{kept} at {s.prefill_tps:.1f} tok/s, "
                f"decode {s.generated_tokens} tokens at {s.decode_tps:.1f} tok/s", err=True)
+    for pool in ex.streams.values():
+        if pool.members:
+            click.echo(f"jitllm: streamed {pool.describe()}", err=True)
 
 
 def _compile_log(message: str) -> None:

@@ -15,6 +15,7 @@ experts), each on an ALIGN boundary inside it and holding whole tensors, so one 
 
 from __future__ import annotations
 
+import io
 import json
 import mmap
 import os
@@ -122,6 +123,8 @@ class JlmFile:
             self.tensors = {n: TensorEntry(n, tuple(t["shape"]), t["dtype"], t["region"], t["offset"])
                             for n, t in self.header["tensors"].items()}
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self._reader: io.FileIO | None = None
+        """The file opened for `read_into` (at its first call)."""
 
     def tensor(self, name: str) -> np.ndarray:
         t = self.tensors[name]
@@ -138,6 +141,21 @@ class JlmFile:
             start = self.regions[t.region].offset + t.offset
             first = start - start % mmap.PAGESIZE
             self._map.madvise(mmap.MADV_DONTNEED, first, start + t.nbytes - first)
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """The tensor's bytes read from the file into `out` (a uint8 array of its size) without the map: no
+        page of this process's map is faulted in (streamed weights reach their page-locked staging so)."""
+        t = self.tensors[name]
+        if out.nbytes != t.nbytes:
+            raise ValueError(f"{name}: {t.nbytes} bytes, not {out.nbytes}")
+        if self._reader is None:
+            self._reader = open(self.path, "rb", buffering=0)  # (kept open, and closed, with this object)
+        view, at = memoryview(out).cast("B"), self.regions[t.region].offset + t.offset
+        while view:
+            got = os.preadv(self._reader.fileno(), [view], at)
+            if not got:
+                raise JitllmError(f"{self.path}: truncated while reading {name}")
+            view, at = view[got:], at + got
 
     def region_tensors(self, region: str) -> dict[str, np.ndarray]:
         return {n: self.tensor(n) for n, t in self.tensors.items() if t.region == region}

@@ -103,13 +103,14 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     if options.gpu_grow:
         for index, assignment in [*enumerate(the_plan.blocks), (HEAD, the_plan.head)]:
             if assignment.device != HOST and not assignment.pinned:
-                grow.append((index, assignment.device))
+                grow.append((index, assignment.device + ("~" if assignment.streamed else "")))
                 where[index] = devices[HOST]
     context = min(options.ctx or DEFAULT_CTX, layout.config.context)
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
     cache_dir = Path(options.cache_dir) if options.cache_dir else None
-    executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log)
+    streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
+    executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
     return Opened(file, layout, the_plan, devices, executor, grow)
 
 

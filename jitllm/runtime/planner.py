@@ -10,8 +10,10 @@ Order of decisions:
 3. The head (output projection) goes where the map says, else onto the device holding the last
    device block if it fits there, else to the host. Like llama.cpp's -ngl, a `gpu_layers` cap of at
    most the number of blocks keeps the head on the host.
-A streamed block (`~`) keeps its weights on the host and swaps them through one slot per device,
-as large as the largest block streamed there: only the slot is charged to the budget.
+A streamed block (`~`) keeps its weights in the mapped file and is swapped through STREAM_SLOTS slots of
+its device each token, each as large as the largest block streamed there: only the slots are charged to
+the budget (when the first streamed block there is placed). A device whose budget cannot hold them is an
+error, strict or not: falling back to the host would not be what `~` asked for.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from dataclasses import dataclass
 from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import DeviceChoice, format_bytes
 from jitllm.runtime.placement import HOST, Placement, PlacementEntry
+
+STREAM_SLOTS = 2
+"""Device slots a device streams its blocks through: one being computed while the next one's upload runs."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +50,25 @@ class Decline:
 
 @dataclass(frozen=True)
 class DeviceBudget:
-    """A device's weight budget after planning; `slot_bytes` is the streaming slot inside `used_bytes`."""
+    """A device's weight budget after planning; `slot_bytes` is the size of each of its STREAM_SLOTS
+    streaming slots (inside `used_bytes`), `streamed_bytes` the weights of the `streamed` blocks there."""
 
     name: str
     budget_bytes: int
     used_bytes: int
     slot_bytes: int
+    streamed: int = 0
+    streamed_bytes: int = 0
 
     @property
     def left_bytes(self) -> int:
         return self.budget_bytes - self.used_bytes
+
+    @property
+    def upload_bytes_per_token(self) -> int:
+        """What a token's uploads cost: every streamed block once, unless they all fit in the slots (then
+        they are uploaded once, at the first token)."""
+        return self.streamed_bytes if self.streamed > STREAM_SLOTS else 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,10 @@ class Plan:
                 what = "head" if d.block is None else f"block {d.block}"
                 lines.append(f"  {what} declined by {d.wanted}: {d.reason}")
         for b in self.budgets:
-            slot = f", streaming slot {format_bytes(b.slot_bytes)}" if b.slot_bytes else ""
+            slot = ""
+            if b.streamed:
+                slot = (f", {STREAM_SLOTS} streaming slots of {format_bytes(b.slot_bytes)} ({b.streamed} blocks "
+                        f"stream: {format_bytes(b.upload_bytes_per_token)} uploaded per token)")
             lines.append(f"{b.name}: used {format_bytes(b.used_bytes)} of {format_bytes(b.budget_bytes)}, "
                          f"{format_bytes(b.left_bytes)} left{slot}")
         host = [a for a in self.blocks + (self.head,) if a.device == self.host_name or a.streamed]
@@ -116,6 +133,11 @@ def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
     if placement is not None:
         placement.validate(len(block_bytes), set(names))
     ledger = _Ledger(devices)
+    if placement is not None:
+        for b, size in enumerate(block_bytes):
+            entry = placement.entry_for(b)
+            if entry is not None and entry.streamed:
+                ledger.stream(names[entry.target], size)
     placed: dict[int, Assignment] = {}
     declines: list[Decline] = []
 
@@ -123,7 +145,12 @@ def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
         if entry.target == HOST:
             return Assignment(host_name, size, entry.pinned, False, f"placement {entry.text}")
         target = names[entry.target]
-        short = ledger.take(target, size, entry.streamed, "head" if block is None else f"block {block}")
+        if entry.streamed:
+            short = ledger.take_slots(target)
+            if short is not None:
+                raise JitllmError(f"placement {entry.text}: {short}")
+            return Assignment(target, size, entry.pinned, True, f"placement {entry.text}")
+        short = ledger.take(target, size, "head" if block is None else f"block {block}")
         if short is None:
             return Assignment(target, size, entry.pinned, entry.streamed, f"placement {entry.text}")
         if strict:
@@ -148,7 +175,7 @@ def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
         head = Assignment(host_name, head_bytes, reason="no device block to sit beside")
         if on_device and (gpu_layers is None or gpu_layers > len(block_bytes)):
             beside = blocks[on_device[-1]].device
-            short = ledger.take(beside, head_bytes, False, "head")
+            short = ledger.take(beside, head_bytes, "head")
             if short is None:
                 head = Assignment(beside, head_bytes, reason="beside the last device block")
             else:
@@ -178,7 +205,7 @@ def _fill(block_bytes: list[int], devices: list[DeviceChoice], gpu_layers: int |
             placed[b] = Assignment(host_name, size, reason="after the seam")
             continue
         while current < len(devices):
-            short = ledger.take(devices[current].name, size, False, f"block {b}")
+            short = ledger.take(devices[current].name, size, f"block {b}")
             if short is None:
                 why = "engine (the map's target declined)" if b in map_declined else "engine"
                 placed[b] = Assignment(devices[current].name, size, reason=why)
@@ -192,29 +219,45 @@ def _fill(block_bytes: list[int], devices: list[DeviceChoice], gpu_layers: int |
 
 
 class _Ledger:
-    """Budget bookkeeping: what each device has left and the size of its streaming slot."""
+    """Budget bookkeeping: what each device has left, and its streamed blocks and their slots."""
 
     def __init__(self, devices: list[DeviceChoice]) -> None:
         self.budget = {d.name: d.budget_bytes for d in devices}
         self.used = {d.name: 0 for d in devices}
         self.slot = {d.name: 0 for d in devices}
+        self.streamed = {d.name: [0, 0] for d in devices}
+        self.slots_taken: set[str] = set()
 
-    def take(self, name: str, size: int, streamed: bool, what: str) -> str | None:
-        """Charge `size` (or the slot growth a streamed block needs) to `name`; the reason if it can't."""
-        cost = max(0, size - self.slot[name]) if streamed else size
+    def stream(self, name: str, size: int) -> None:
+        """Note a block the map streams to `name` (before anything is charged: the slots' size is the largest)."""
+        self.slot[name] = max(self.slot[name], size)
+        self.streamed[name][0] += 1
+        self.streamed[name][1] += size
+
+    def take(self, name: str, size: int, what: str) -> str | None:
+        """Charge `size` to `name`; the reason if it can't."""
         left = self.budget[name] - self.used[name]
+        if size > left:
+            return f"{what} needs {format_bytes(size)}, {name} has {format_bytes(left)} left"
+        self.used[name] += size
+        return None
+
+    def take_slots(self, name: str) -> str | None:
+        """Charge `name`'s streaming slots (once); the reason if its budget cannot hold them."""
+        if name in self.slots_taken:
+            return None
+        cost, left = STREAM_SLOTS * self.slot[name], self.budget[name] - self.used[name]
         if cost > left:
-            need = f"needs {format_bytes(cost)}"
-            if streamed:
-                need = f"streaming slot {need} more"
-            return f"{what} {need}, {name} has {format_bytes(left)} left"
+            return (f"{name} cannot hold {STREAM_SLOTS} streaming slots of {format_bytes(self.slot[name])} "
+                    f"(the largest block streamed there): they need {format_bytes(cost)}, it has "
+                    f"{format_bytes(left)} left")
         self.used[name] += cost
-        if streamed:
-            self.slot[name] = max(self.slot[name], size)
+        self.slots_taken.add(name)
         return None
 
     def report(self) -> tuple[DeviceBudget, ...]:
-        return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n]) for n in self.budget)
+        return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n], *self.streamed[n])
+                     for n in self.budget)
 
 
 def _runs(assignments: tuple[Assignment, ...]) -> list[tuple[int, int, Assignment]]:

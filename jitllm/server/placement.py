@@ -9,11 +9,14 @@ from jitllm.server.metrics import Metrics
 def describe(model) -> dict:
     plan, executor = model.plan, model.executor
     units = [{"unit": str(i), "device": unit.device.name, "planned": plan.blocks[i].device,
-              "pinned": plan.blocks[i].pinned, "bytes": unit.nbytes} for i, unit in enumerate(executor.blocks)]
+              "pinned": plan.blocks[i].pinned, "streamed": unit.stream is not None, "bytes": unit.nbytes}
+             for i, unit in enumerate(executor.blocks)]
     units.append({"unit": "head", "device": executor.head.device.name, "planned": plan.head.device,
-                  "pinned": plan.head.pinned, "bytes": executor.head.nbytes})
+                  "pinned": plan.head.pinned, "streamed": False, "bytes": executor.head.nbytes})
     devices = [{"name": d.name, "budget_bytes": d.budget_bytes, "used_bytes": d.used_bytes,
-                "kv_budget_bytes": d.kv_budget_bytes, "kv_bytes": d.kv_bytes} for d in model.devices.values()]
+                "kv_budget_bytes": d.kv_budget_bytes, "kv_bytes": d.kv_bytes,
+                "streaming": executor.streams[d.name].stats() if d.name in executor.streams else None}
+               for d in model.devices.values()]
     return {"units": units, "devices": devices, "plan": plan.describe()}
 
 
@@ -25,6 +28,7 @@ def move(model, spec: str, metrics: Metrics) -> dict:
     metrics.moves.inc(len(reports))
     metrics.moved_bytes.inc(sum(r.weight_bytes + r.kv_bytes + r.state_bytes for r in reports))
     return {"moves": [{"unit": str(r.unit), "from": r.source, "to": r.dest, "weight_bytes": r.weight_bytes,
-                       "kv_bytes": r.kv_bytes, "state_bytes": r.state_bytes, "ms": round(r.seconds * 1e3, 3)}
+                       "kv_bytes": r.kv_bytes, "state_bytes": r.state_bytes, "streamed": r.streamed,
+                       "ms": round(r.seconds * 1e3, 3)}
                       for r in reports],
             "placement": describe(model)}

@@ -168,21 +168,32 @@ def test_map_targets_may_use_any_name_of_a_device():
     assert where(p)[:3] == ["cuda:1"] * 3
 
 
-def test_streamed_blocks_take_one_slot_of_budget():
+def test_streamed_blocks_take_two_slots_of_budget():
     sizes = [40 * MIB, 60 * MIB, 50 * MIB, 60 * MIB]
-    p = plan(sizes, HEAD, devices("cuda:0=70M"), parse_placement("*=cuda:0~"))
+    p = plan(sizes, HEAD, devices("cuda:0=130M"), parse_placement("*=cuda:0~"))
     assert where(p) == ["cuda:0"] * 4 and all(a.streamed for a in p.blocks)
     assert [a.bytes for a in p.blocks] == sizes
     (budget,) = p.budgets
-    assert (budget.used_bytes, budget.slot_bytes) == (60 * MIB, 60 * MIB)
+    assert (budget.used_bytes, budget.slot_bytes) == (120 * MIB, 60 * MIB)
+    assert (budget.streamed, budget.upload_bytes_per_token) == (4, 210 * MIB)
     assert p.head.device == "host"  # the head needs 100 MiB, 10 MiB are left
-    assert "streamed" in p.describe() and "streaming slot 60.0 MiB" in p.describe()
+    assert "streamed" in p.describe()
+    assert "2 streaming slots of 60.0 MiB (4 blocks stream: 210.0 MiB uploaded per token)" in p.describe()
 
 
-def test_streaming_slot_that_cannot_grow_is_declined():
-    p = plan([40 * MIB, 90 * MIB], 0, devices("cuda:0=50M"), parse_placement("*=cuda:0~"))
-    assert where(p) == ["cuda:0", "host"]
-    assert p.declines[0].reason == "block 1 streaming slot needs 50.0 MiB more, cuda:0 has 10.0 MiB left"
+def test_blocks_that_fit_the_slots_upload_nothing_per_token():
+    p = plan([40 * MIB, 60 * MIB, 50 * MIB], 0, devices("cuda:0=200M"), parse_placement("1-2=cuda:0~"))
+    (budget,) = p.budgets
+    assert (budget.streamed, budget.used_bytes, budget.upload_bytes_per_token) == (2, 160 * MIB, 0)
+    assert p.blocks[0].device == "cuda:0" and not p.blocks[0].streamed  # the engine's, beside the slots
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_budget_smaller_than_the_slots_is_refused(strict):
+    with pytest.raises(JitllmError) as e:
+        plan([40 * MIB, 90 * MIB], 0, devices("cuda:0=100M"), parse_placement("*=cuda:0~"), strict=strict)
+    assert str(e.value) == ("placement *=cuda:0~: cuda:0 cannot hold 2 streaming slots of 90.0 MiB (the largest "
+                            "block streamed there): they need 180.0 MiB, it has 100.0 MiB left")
 
 
 def test_pinned_entries_claim_budget_first():
@@ -224,8 +235,10 @@ def test_budgets_are_never_exceeded_and_every_block_is_placed(sizes, head, budge
         return
     try:
         p = plan([s * MIB for s in sizes], head * MIB, chosen, placement, gpu_layers)
-    except JitllmError as e:  # only a map past the model's end
-        assert "past the model's last block" in str(e)
+    except JitllmError as e:  # only a map past the model's end, or streaming slots a budget cannot hold
+        assert "past the model's last block" in str(e) or "streaming slots" in str(e)
+        if "streaming slots" in str(e):
+            assert 2 * max(sizes) * MIB > budgets[0] * MIB
         return
     assert len(p.blocks) == len(sizes)
     assert all(b.used_bytes <= b.budget_bytes for b in p.budgets)

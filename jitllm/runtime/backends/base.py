@@ -39,6 +39,39 @@ class BackendCaps:
     """Its memory is the host's (budgets draw on host memory)."""
     captured_steps: bool = False
     """Decode steps can be recorded once and replayed (a GraphRecorder, jitllm.runtime.engine.step_graphs)."""
+    async_copies: bool = False
+    """It offers a `copy_queue()`: uploads from page-locked host memory on a stream of their own, ordered
+    against its kernels by markers (streamed blocks' next weights upload while the current block runs)."""
+
+
+class Marker(Protocol):
+    """A point in a queue of device work (a CUDA event): what a later wait waits for."""
+
+
+class CopyQueue(Protocol):
+    """Uploads that run beside a device's kernels (BackendCaps.async_copies). Work is ordered only by
+    markers: an upload starts after the marker it is given, kernels launched after `device_waits(m)`
+    start after `m`, and the host blocks in `host_waits(m)`. A marker never recorded has passed."""
+
+    def staging(self, nbytes: int) -> np.ndarray:
+        """A uint8 host buffer of `nbytes` in page-locked memory, the source of `upload`."""
+        ...
+
+    def marker(self) -> Marker: ...
+
+    def record_kernels(self, marker: Marker) -> None:
+        """`marker` placed after the kernels launched so far."""
+        ...
+
+    def upload(self, dst: Tensor, src: np.ndarray, after: Marker, done: Marker) -> None:
+        """Queue `src` (in a `staging` buffer) into `dst` (same bytes) once `after` passed; `done` marks its end."""
+        ...
+
+    def device_waits(self, marker: Marker) -> None:
+        """Kernels launched from now on start only after `marker`."""
+        ...
+
+    def host_waits(self, marker: Marker) -> None: ...
 
 
 class Backend(Protocol):
@@ -85,4 +118,8 @@ class Backend(Protocol):
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
         """The artifact at `path` (compiled for `kind`) ready to run here; `page_kernels`: its KV append
         and page export/import functions are wanted too."""
+        ...
+
+    def copy_queue(self) -> CopyQueue:
+        """Its uploads beside its kernels; only where `caps.async_copies`."""
         ...

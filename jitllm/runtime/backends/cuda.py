@@ -15,7 +15,16 @@ from jitllm.runtime.backends.buffer_pool import pool_from_env
 from jitllm.runtime.backends.tvm_tensors import TvmBackend
 from jitllm.runtime.device import Device
 
-CAPS = BackendCaps("tvm", page_locked_host=True, peer_copies=True, captured_steps=True)
+CAPS = BackendCaps("tvm", page_locked_host=True, peer_copies=True, captured_steps=True, async_copies=True)
+
+
+class CudaBackend(TvmBackend):
+    """TVM tensors on a CUDA device, with a copy queue beside its kernels (backends/cuda_copies.py)."""
+
+    def copy_queue(self):
+        from jitllm.runtime.backends.cuda_copies import CudaCopyQueue
+
+        return CudaCopyQueue(self.tvm_device, f"cuda:{self.tvm_device.index}")
 
 
 def cuda_arch(ordinal: int) -> str:
@@ -38,7 +47,7 @@ def cuda_device(choice, kernels: str = "fast") -> Device:
     dev = tvm.cuda(ordinal)
     if not dev.exist:
         raise JitllmError(f"{choice.name}: no such CUDA device")
-    backend = TvmBackend("cuda", dev, CAPS)
+    backend = CudaBackend("cuda", dev, CAPS)
     device = Device(choice.name, backend, CudaTarget(cuda_arch(ordinal), kernels), choice.budget_bytes)
     if os.environ.get("JITLLM_PINNED_HOST", "1") != "0":
         from jitllm.runtime.backends.pinned import pinned_pool

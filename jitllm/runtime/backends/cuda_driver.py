@@ -39,3 +39,15 @@ def primary_context(ordinal: int) -> tuple[ctypes.c_int, ctypes.c_void_p] | None
     if lib.cuDeviceGet(ctypes.byref(dev), ordinal) or lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
         return None
     return dev, ctx
+
+
+def ensure_context(ordinal: int) -> None:
+    """The driver API needs a current context on this thread: the device's primary one (the runtime's)."""
+    lib = driver()
+    ctx = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        return
+    lib.cuInit(0)
+    primary = primary_context(ordinal)
+    if primary is not None:
+        lib.cuCtxSetCurrent(primary[1])

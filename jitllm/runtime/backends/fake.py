@@ -123,6 +123,9 @@ class FaultyBackend:
     def synchronize(self) -> None:
         self.inner.synchronize()
 
+    def copy_queue(self):
+        return self.inner.copy_queue()
+
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
         program = self.inner.load(path, kind, page_kernels)
         return replace(program, **{f.name: self._launching(getattr(program, f.name)) for f in fields(program)})

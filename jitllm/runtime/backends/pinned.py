@@ -77,23 +77,13 @@ class PinnedPool:
                 self.kept_bytes -= nbytes
                 return address
         driver = cuda_driver.driver()
-        self._ensure_context(driver)
+        cuda_driver.ensure_context(self.ordinal)
         pointer = ctypes.c_void_p()
         rc = driver.cuMemHostAlloc(ctypes.byref(pointer), ctypes.c_size_t(nbytes), CU_MEMHOSTALLOC_PORTABLE)
         if rc != 0:
             raise DeviceFault(f"cuda:{self.ordinal}", f"locking {nbytes} bytes of host memory failed (CUDA error {rc})")
         self.locked += 1
         return pointer.value
-
-    def _ensure_context(self, driver: ctypes.CDLL) -> None:
-        """The driver API needs a current context on this thread: the device's primary one (the runtime's)."""
-        ctx = ctypes.c_void_p()
-        if driver.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
-            return
-        driver.cuInit(0)
-        primary = cuda_driver.primary_context(self.ordinal)
-        if primary is not None:
-            driver.cuCtxSetCurrent(primary[1])
 
     def give_back(self, address: int, nbytes: int) -> None:
         """Keep the memory for reuse; past the limit, the memory kept longest goes back to the system."""

@@ -3,7 +3,7 @@
 It holds the state the engine's parts share and answers for them in one place; each job is a module of
 its own: units.py (units, their weights and programs), kv.py and scheduler.py (pages), forward.py (a step
 over the segments), captured.py (captured steps), pipelined.py (pipelined greedy decode), recurrent.py
-(recurrent blocks' state), migration.py (moves).
+(recurrent blocks' state), migration.py (moves), streaming.py (streamed blocks' slots).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from jitllm.runtime.engine.kv_pages import PagePool, PageTable
 from jitllm.runtime.engine.packed_weights import PackedWeights
 from jitllm.runtime.engine.session import Session
 from jitllm.runtime.engine.step_graphs import GraphRecord, Segment, StepFence
+from jitllm.runtime.engine.streaming import SlotPool
 from jitllm.runtime.engine.units import Unit
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program
@@ -31,7 +32,9 @@ from jitllm.runtime.program import Program
 
 class Executor:
     def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
-                 cache_dir: Path | None = None, log: Callable[[str], None] | None = None):
+                 cache_dir: Path | None = None, log: Callable[[str], None] | None = None,
+                 streamed: frozenset[int] = frozenset()):
+        """`streamed`: the blocks whose weights stream through their device's slots (streaming.py)."""
         self.model, self.layout, self.ctx, self.log = model, layout, ctx, log
         self.cache_dir = cache_dir
         self._placement = placement
@@ -57,7 +60,10 @@ class Executor:
         self._segments: tuple[int, list[Segment]] = (-1, [])
         self._inflight: list[StepFence] = []
         """Pipelined decode steps launched and not yet waited for (greedy_tokens); see `drain`."""
-        self.blocks: list[Unit] = [units.load_unit(self, i, placement[i]) for i in range(cfg.num_blocks)]
+        self.streams: dict[str, SlotPool] = {}
+        """Per device that streams blocks: its slots (streaming.py)."""
+        self.blocks: list[Unit] = [units.load_unit(self, i, placement[i], i in streamed)
+                                   for i in range(cfg.num_blocks)]
         self.head: Unit = units.load_unit(self, HEAD, placement[HEAD])
         self._session_ids = itertools.count()
         self.sessions: dict[int, Session] = {}

@@ -23,8 +23,10 @@ import numpy as np
 from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.runtime.device import Device
+from jitllm.runtime.engine import units
 from jitllm.runtime.engine.kv_pages import PageTable
 from jitllm.runtime.engine.recurrent import RecurrentState, commit_states, copy_states
+from jitllm.runtime.planner import STREAM_SLOTS
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class MoveReport:
     seconds: float
     state_bytes: int = 0
     """Recurrent state copied (GLA blocks: every live session's)."""
+    streamed: bool = False
+    """It streams through the destination's slots now (its weights were not copied)."""
     phases: tuple[tuple[str, float], ...] = ()
     """Seconds per phase: program (lookup, budget), weights (alloc, or taking a buffer the destination's
     pool kept; copy; aliases, none to make where the kept buffer brought them; or one `weights` phase
@@ -46,33 +50,45 @@ class MoveReport:
     def describe(self) -> str:
         what = "head" if self.unit == "head" else f"block {self.unit}"
         state = f"state {self.state_bytes / 2**10:.1f} KiB, " if self.state_bytes else ""
-        return (f"moved {what} {self.source} -> {self.dest}: weights {self.weight_bytes / 2**20:.2f} MiB, "
+        dest = f"{self.dest} (streamed)" if self.streamed else self.dest
+        return (f"moved {what} {self.source} -> {dest}: weights {self.weight_bytes / 2**20:.2f} MiB, "
                 f"KV {self.kv_bytes / 2**20:.2f} MiB, {state}{self.seconds * 1e3:.2f} ms")
 
 
-def move_unit(executor, index: int | str, dest: Device, from_file: bool = False) -> MoveReport:
+def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
+              streamed: bool = False) -> MoveReport:
     """Move one unit (the module docstring). `from_file`: its weights come from the model file and nothing
     is read from the source device (a fall-back from a device that failed; the sessions' KV there was
-    dropped first)."""
+    dropped first). `streamed`: it streams through `dest`'s slots (its weights are not copied); a unit
+    that streamed and is moved without it becomes resident, its weights from the file. Where only that
+    changes (same device), the KV pages stay where they are."""
     executor.drain()  # (a pipelined step still running reads the weights and writes the pages moved here)
     unit = executor.unit(index)
     source = unit.device
     clock = _PhaseClock()
-    if source is dest:
+    if source is dest and streamed == (unit.stream is not None):
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
     kind, program, decode_program = executor.placed(index, dest)
-    dest.reserve(unit.nbytes, f"weights of {'the head' if index == 'head' else f'block {index}'}")
+    what = f"weights of {'the head' if index == 'head' else f'block {index}'}"
+    stream = None
+    if streamed:
+        stream = units.admit(executor, index, dest, kind)
+    else:
+        dest.reserve(unit.nbytes, what)
     clock.mark("program")
     new_tables: dict[int, PageTable] = {}
     new_states: dict[int, RecurrentState] = {}
     kv_bytes = state_bytes = 0
     try:
-        if kind == unit.kind and not from_file:
+        weights = None
+        if streamed:
+            clock.mark("weights")
+        elif kind == unit.kind and not from_file and unit.stream is None:
             weights = unit.weights.to(dest, clock.mark)
-        else:  # fused on one side, separate on the other: from the file, laid out for the destination
+        else:  # fused on one side, separate on the other, or streamed: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
             clock.mark("weights")
-        if unit.state == KV_PAGES:
+        if unit.state == KV_PAGES and source is not dest:  # (where only streaming changed, pages stay)
             pool = executor.pool(dest)
             for session in executor.sessions.values():
                 old = session.tables.get(index)
@@ -84,7 +100,7 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False)
             for session_id, new in new_tables.items():
                 old = executor.sessions[session_id].tables[index]
                 kv_bytes += _copy_pages(unit.program, program, old, new, source, dest)
-        if unit.state == RECURRENT:
+        if unit.state == RECURRENT and source is not dest:
             state_bytes = copy_states(executor.sessions.values(), index, dest, new_states)
         clock.mark("kv")
         if not from_file:  # copies with page-locked host memory run asynchronously on the GPU's
@@ -98,26 +114,33 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False)
             table.release()
         for state in new_states.values():
             state.release()
-        dest.release(unit.nbytes)
+        if streamed:
+            stream.leave(index)
+        else:
+            dest.release(unit.nbytes)
         raise
     for session_id, table in new_tables.items():
         session = executor.sessions[session_id]
         session.tables[index].release()
         session.tables[index] = table
-    if unit.state == KV_PAGES:
+    if unit.state == KV_PAGES and source is not dest:
         for session in executor.sessions.values():
             if index in session.tables and session.id not in new_tables:
                 session.tables[index].release()
                 session.tables[index] = PageTable(executor.pool(dest), arena=session.arena(dest))
     commit_states(executor.sessions, index, new_states)
-    source.release(unit.nbytes)
+    if unit.stream is not None:
+        unit.stream.leave(index)
+    else:
+        source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
+    unit.stream = stream
     executor.drop_graphs()  # captured steps hold the source's weights and pages
     for session in executor.sessions.values():  # the next step checks every table again (a session
         session.kv_room = 0  # without pages of this block got an empty one above)
     clock.mark("switch")
-    return MoveReport(index, source.name, dest.name, unit.nbytes, kv_bytes, clock.total(), state_bytes,
-                      tuple(clock.phases))
+    return MoveReport(index, source.name, dest.name, 0 if streamed else unit.nbytes, kv_bytes, clock.total(),
+                      state_bytes, streamed, tuple(clock.phases))
 
 
 class _PhaseClock:
@@ -204,35 +227,50 @@ def move_units(model, spec: str) -> list[MoveReport]:
     placement = parse_placement(spec)
     ex = model.executor
     placement.validate(len(ex.blocks), set(model.devices))
-    plan: list[tuple[int | str, Device]] = []
+    plan: list[tuple[int | str, Device, bool]] = []
     for entry in placement.entries:
-        if entry.streamed:
-            raise JitllmError(f"move {entry.text}: streaming is chosen at load time, not by a move")
-        units = ["head"] if entry.kind == "head" else (
+        indices = ["head"] if entry.kind == "head" else (
             list(range(len(ex.blocks))) if entry.kind == "star" else list(range(entry.start, entry.end + 1)))
         dest = model.devices[entry.target]
-        for index in units:
+        for index in indices:
             if index != "head" and model.plan.blocks[index].pinned or index == "head" and model.plan.head.pinned:
                 raise JitllmError(f"move {entry.text}: block {index} is pinned (!) where it is")
-            plan.append((index, dest))
+            plan.append((index, dest, entry.streamed))
+    _check_room(model, spec, plan)
+    done: list[tuple[MoveReport, Device, bool]] = []
+    try:
+        for index, dest, streamed in plan:
+            unit = ex.unit(index)
+            before = (unit.device, unit.stream is not None)
+            report = move_unit(ex, index, dest, streamed=streamed)
+            if before != (dest, streamed):
+                done.append((report, *before))
+    except BaseException:
+        for report, device, streamed in reversed(done):
+            move_unit(ex, report.unit, device, streamed=streamed)
+        raise
+    return [report for report, _, _ in done]
+
+
+def _check_room(model, spec: str, plan: list[tuple[int | str, Device, bool]]) -> None:
+    """Whether the destinations' budgets hold the weights arriving resident and the streaming slots' growth."""
+    ex = model.executor
     arriving: dict[str, int] = {}
-    for index, dest in plan:
+    streaming: dict[str, list[int]] = {}
+    for index, dest, streamed in plan:
         unit = ex.unit(index)
-        if unit.device is not dest:
+        if streamed:
+            streaming.setdefault(dest.name, []).append(unit.nbytes)
+        elif unit.device is not dest or unit.stream is not None:
             arriving[dest.name] = arriving.get(dest.name, 0) + unit.nbytes
+    for name, sizes in streaming.items():
+        pool = ex.streams.get(name)
+        charged = pool.charged if pool is not None else 0
+        slots = STREAM_SLOTS * max([*sizes, *(s.nbytes for s in (pool.members.values() if pool else ()))])
+        arriving[name] = arriving.get(name, 0) + max(0, slots - charged)
     for name, nbytes in arriving.items():
         dest = model.devices[name]
         if dest.budget_bytes is not None and dest.used_bytes + nbytes > dest.budget_bytes:
             left = dest.budget_bytes - dest.used_bytes
             raise JitllmError(f"move {spec}: {name} cannot hold {nbytes / 2**20:.1f} MiB of weights "
                               f"({left / 2**20:.1f} MiB left)")
-    reports: list[MoveReport] = []
-    try:
-        for index, dest in plan:
-            reports.append(move_unit(ex, index, dest))
-    except BaseException:
-        for report in reversed(reports):
-            if report.source != report.dest:
-                move_unit(ex, report.unit, model.devices[report.source])
-        raise
-    return [r for r in reports if r.source != r.dest]

@@ -42,16 +42,9 @@ class PackedWeights(list):
     @classmethod
     def upload(cls, device: Device, groups: list[list[np.ndarray]]) -> "PackedWeights":
         """One tensor per group, its parts stacked along axis 0, each copied straight into its rows."""
-        layout, end = [], 0
-        for parts in groups:
-            layout.append(((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), str(parts[0].dtype), end))
-            end = _aligned(end + sum(p.nbytes for p in parts))
-        layout = tuple(layout)
-        buffer, views = device.weights_buffer(max(end, ALIGN), layout)
-        for parts, (_, dtype, at) in zip(groups, layout):
-            for part in parts:
-                device.write(device.region(buffer, part.shape, dtype, at), part)
-                at += part.nbytes
+        layout, end = pack_layout(groups)
+        buffer, views = device.weights_buffer(end, layout)
+        write_parts(device, buffer, groups, layout)
         return cls(device, buffer, layout, views)
 
     def to(self, device: Device, mark: Callable[[str], None] = lambda phase: None) -> "PackedWeights":
@@ -64,6 +57,32 @@ class PackedWeights(list):
         moved = PackedWeights(device, buffer, self.layout, views)
         mark("weights aliases")
         return moved
+
+
+def pack_layout(groups: list[list[np.ndarray]]) -> tuple[Layout, int]:
+    """The layout of one tensor per group (its parts stacked along axis 0), each aligned, and the bytes
+    the allocation needs."""
+    layout, end = [], 0
+    for parts in groups:
+        layout.append(((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), str(parts[0].dtype), end))
+        end = _aligned(end + sum(p.nbytes for p in parts))
+    return tuple(layout), max(end, ALIGN)
+
+
+def part_offsets(groups: list[list[np.ndarray]], layout: Layout) -> list[tuple[np.ndarray, int]]:
+    """Each part with its byte offset in an allocation laid out by `layout`."""
+    out = []
+    for parts, (_, _, at) in zip(groups, layout):
+        for part in parts:
+            out.append((part, at))
+            at += part.nbytes
+    return out
+
+
+def write_parts(device: Device, buffer: Tensor, groups: list[list[np.ndarray]], layout: Layout) -> None:
+    """Every part of `groups` copied into its rows of `buffer` (laid out by `layout`)."""
+    for part, at in part_offsets(groups, layout):
+        device.write(device.region(buffer, part.shape, str(part.dtype), at), part)
 
 
 def aliases(device: Device, buffer: Tensor, layout: Layout) -> list[Tensor]:

@@ -94,6 +94,7 @@ def recurrent_step(session, unit, x: Tensor, n: int) -> Tensor:
         raise JitllmError(f"session {session.id}: block {unit.index}'s recurrent state does not match its "
                           f"{session.length} positions (an earlier step failed); reset the session")
     state.positions = -1  # until the step has finished (forward reports device failures)
-    y, _ = unit.program_for(n).main(x, state.tensor, *unit.weights)
+    y, _ = unit.program_for(n).main(x, state.tensor, *unit.call_weights())
+    unit.launched()
     state.positions = session.length + n
     return y

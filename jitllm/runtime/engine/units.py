@@ -1,6 +1,7 @@
 """Units and their weights: a block (or the head) resident on a device, with the programs of its kind
 there. One artifact per kind and target serves every block of the kind; a unit's weights are one
-allocation on its device (packed_weights.py), laid out for its kind there."""
+allocation on its device (packed_weights.py), laid out for its kind there, or, for a streamed block, a
+slot of its device's SlotPool while it runs (streaming.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from jitllm.lowering.cache import load_artifact
 from jitllm.lowering.target import kind_for_target
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.packed_weights import PackedWeights
+from jitllm.runtime.engine.streaming import SlotPool, StreamedSource
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program
 
@@ -24,11 +26,23 @@ class Unit:
     index: int | str
     kind: BlockKind
     device: Device
-    weights: PackedWeights
+    weights: PackedWeights | None
+    """Its weights on the device; None while it streams (`stream`)."""
     nbytes: int
     program: Program
     decode_program: Program | None = None
     """The batch-1, seq-1 variant where the device's target has one (decode steps)."""
+    stream: SlotPool | None = None
+    """Where it is a streamed block: its device's slots, which hold its weights while it runs."""
+
+    def call_weights(self) -> list:
+        """The weights its program takes now: its own, or (streamed) a slot's, uploaded for it."""
+        return self.weights if self.stream is None else self.stream.acquire(self.index)
+
+    def launched(self) -> None:
+        """Its kernels of this step are launched (a streamed unit's slot is refilled once they ran)."""
+        if self.stream is not None:
+            self.stream.release(self.index)
 
     @property
     def state(self) -> str:
@@ -67,15 +81,32 @@ def kind_on(layout: ModelLayout, index: int | str, device: Device) -> BlockKind:
     return kind_for_target(kind, device.target)
 
 
-def load_unit(ex, index: int | str, device: Device) -> Unit:
-    """Block `index` (or the head) uploaded to `device`, charged to its budget, its programs loaded."""
+def load_unit(ex, index: int | str, device: Device, streamed: bool = False) -> Unit:
+    """Block `index` (or the head) uploaded to `device`, charged to its budget, its programs loaded;
+    `streamed`: its weights stay in the file and its device's slots are charged instead."""
     kind = kind_on(ex.layout, index, device)
     nbytes = sum(ex.model.tensors[n].nbytes for n in ex.layout.tensor_names(index))
-    device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
-    weights = upload_weights(ex, index, device, kind)
+    stream = weights = None
+    if streamed:
+        stream = admit(ex, index, device, kind)
+    else:
+        device.reserve(nbytes, f"weights of {'block ' + str(index) if index != HEAD else 'the head'}")
+        weights = upload_weights(ex, index, device, kind)
     if block_type(kind).state == KV_PAGES:
         ex.pool(device)
-    return Unit(index, kind, device, weights, nbytes, *placed(ex, index, device)[1:])
+    return Unit(index, kind, device, weights, nbytes, *placed(ex, index, device)[1:], stream=stream)
+
+
+def admit(ex, index: int, device: Device, kind: BlockKind) -> SlotPool:
+    """Block `index` streamed through `device`'s slots (its SlotPool made at the first), laid out for `kind`."""
+    pool = ex.streams.get(device.name)
+    if pool is None:
+        pool = ex.streams[device.name] = SlotPool(device, ex.model)
+    groups = ex.layout.weight_sources(index, kind)
+    parts = [[ex.model.tensor(n) for n in group] for group in groups]
+    names = [n for group in groups for n in group]
+    pool.admit(index, StreamedSource(parts, names, sum(ex.model.tensors[n].nbytes for n in names)))
+    return pool
 
 
 def upload_weights(ex, index: int | str, device: Device, kind: BlockKind | None = None) -> PackedWeights:

@@ -28,6 +28,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
 
+try:
+    import fcntl
+except ImportError:  # (Windows: no cross-process compile lock)
+    fcntl = None
+
 import tvm
 
 import jitllm
@@ -243,13 +248,37 @@ def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None,
             return Artifact(kind.kind, key, dest / file_name, False, 0.0)
     start = time.perf_counter()
     try:
-        _build(kind, target, dest, replace=policy == "redo" or rebuild or dest.exists())
+        with _compiling(root, dest) as waited:
+            if waited and policy == "on" and not rebuild and _valid(dest / file_name):
+                return Artifact(kind.kind, key, dest / file_name, False, 0.0)  # (the writer we waited for)
+            _build(kind, target, dest, replace=policy == "redo" or rebuild or dest.exists())
     except OSError as e:
         raise JitllmError(f"cannot write the compile cache at {dest.parent}: {e.strerror or e}") from None
     seconds = time.perf_counter() - start
     if log:
         log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {dest / file_name}")
     return Artifact(kind.kind, key, dest / file_name, True, seconds)
+
+
+@contextlib.contextmanager
+def _compiling(root: Path, dest: Path):
+    """Hold the cache's lock for artifact `dest` while it is compiled, so that two processes needing it
+    (a server and a run, test workers) compile it once: the second waits, then finds it. Yields whether it
+    had to wait (True), did not (None: nobody else was compiling), or `dest` is not under `root` (None: a
+    temporary cache, this process's alone)."""
+    if fcntl is None or root not in dest.parents:  # (fcntl: POSIX only)
+        yield None
+        return
+    locks = root / ".locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"{dest.parent.name}-{dest.name}", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = None
+        except BlockingIOError:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            waited = True
+        yield waited  # (released when the file closes)
 
 
 Loaded = TypeVar("Loaded")

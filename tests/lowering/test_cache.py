@@ -178,3 +178,30 @@ def test_temporary_caches_do_not_outlive_the_process(tmp_path, case):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("jitllm: cache: cannot write"), done.stderr
     assert "compiled" in done.stdout and list(temp.iterdir()) == []
     assert (tmp_path / "file").read_text() == "x" and not (tmp_path / "cache").exists()
+
+
+def test_two_callers_needing_one_artifact_compile_it_once(tmp_path, monkeypatch):
+    """The second to ask waits on the first's compile lock, then finds the artifact (no second compile)."""
+    from jitllm.lowering import cache
+
+    builds, real_build = [], cache._build
+
+    def slow_build(*args, **kwargs):  # (long enough that both callers look before either has built)
+        builds.append(args[2])
+        threading.Event().wait(0.5)
+        real_build(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "_build", slow_build)
+    start, results = threading.Barrier(2), []
+
+    def ask():
+        start.wait()
+        results.append(get_artifact(KIND, LlvmTarget(), tmp_path))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(builds) == 1 and sorted(r.built for r in results) == [False, True]
+    assert results[0].path == results[1].path

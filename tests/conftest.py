@@ -12,6 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers (pyproject's `-n auto`: one per core) share the cores: each runs TVM's pool, OpenMP
+    # (torch) and the CLI processes it starts with one thread, unless a developer set a count.
+    for _threads in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_threads, "1")
+
 
 def setup_failed(reason: str) -> NoReturn:
     """A setup step failed (a download, a test dependency that should be installed): a skip on a developer's
@@ -30,8 +36,16 @@ def setup_failed_fixture() -> Callable[[str], NoReturn]:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
+    """One compile cache for the whole run: JITLLM_TEST_CACHE, else a folder every xdist worker shares (the
+    cache's per-artifact lock makes the first worker that needs a kind compile it and the others wait)."""
     shared = os.environ.get("JITLLM_TEST_CACHE")
-    return Path(shared) if shared else tmp_path_factory.mktemp("cache")
+    if shared:
+        return Path(shared)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("cache")
+    path = tmp_path_factory.getbasetemp().parent / "cache"  # (the run's base: the same for every worker)
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -28,3 +28,52 @@ def test_blocks_on_another_node_give_the_single_host_tokens(tiny_model, cache_di
     model = _load(tiny_model, cache_dir, ray_cluster[0])
     assert [u.device.name for u in model.executor.blocks] == ["host", "node2/cpu"]
     assert model.generate_ids(PROMPT, N) == baseline
+
+
+def test_moves_between_nodes_keep_the_tokens(tiny_model, cache_dir, ray_cluster, baseline):
+    """Weights and every session's KV pages go to the other node and back, between two tokens."""
+    model = _load(tiny_model, cache_dir, ray_cluster[0], placement="*=host,head=host")
+    logs = []
+    model.log = logs.append
+    model.move_schedule = {3: ["0=node2/cpu"], 5: ["1=node2/cpu,head=node2/cpu"], 8: ["0=host,head=host"]}
+    assert model.generate_ids(PROMPT, N) == baseline
+    moved = [line for line in logs if line.startswith("moved")]
+    assert len(moved) == 5 and "moved block 0 host -> node2/cpu" in moved[0]
+    assert all("KV 0.00 MiB" not in line for line in moved if "block" in line)  # (the pages went along)
+    assert [u.device.name for u in model.executor.blocks] == ["host", "node2/cpu"]
+
+
+def test_cluster_hardware_and_grammar_errors(tiny_model, cache_dir, ray_cluster):
+    from click.testing import CliRunner
+
+    from jitllm.cli import main
+
+    result = CliRunner().invoke(main, ["hardware", "-cluster", ray_cluster[0]])
+    assert result.exit_code == 0, result.output
+    assert "node head (127.0.0.1" in result.output and "node node2 (127.0.0.1" in result.output
+    assert result.output.count("CPU: ") == 2
+    with pytest.raises(JitllmError, match=r"^node3/cpu: no node 'node3' in the cluster at .* \(its nodes: head, node2\)$"):
+        _load(tiny_model, cache_dir, ray_cluster[0], devices="node3/cpu", placement=None)
+    with pytest.raises(JitllmError, match=r"^node2/cpu: node2/cpu names a device of another node: join its cluster"):
+        load(tiny_model, devices="node2/cpu", cache_dir=cache_dir)
+
+
+def test_a_node_that_dies_mid_generation(tiny_model, cache_dir, ray_cluster, baseline):
+    """Its blocks come back to the coordinator and the tokens stay the same; with -no-gpu-fallback, one
+    error naming the node. (Last: node2 is gone after it.)"""
+    address, cluster, node2 = ray_cluster
+    falls_back = _load(tiny_model, cache_dir, address)
+    strict = _load(tiny_model, cache_dir, address, no_gpu_fallback=True)
+    logs = []
+    falls_back.log = logs.append
+    tokens = []
+    for token in falls_back.generate_tokens(PROMPT, N, SamplingParams(0.0)):
+        tokens.append(token)
+        if len(tokens) == 4:
+            cluster.remove_node(node2)
+    assert tokens == baseline
+    assert any(line.startswith("warning: node2/cpu: node node2 (127.0.0.1") and "finishing on the CPU" in line
+               for line in logs), logs
+    assert all(u.device.name == "host" for u in falls_back.executor.blocks)
+    with pytest.raises(JitllmError, match=r"^node2/cpu: node node2 \(127.0.0.1, id \w+\) is gone .*-no-gpu-fallback is set"):
+        strict.generate_ids(PROMPT, 4)

@@ -44,7 +44,8 @@ def _cluster_hardware(address: str, as_json: bool) -> None:
     parts = []
     for node, inventory in listed:
         here = "  (this process: its devices need no prefix)" if node is found.local else ""
-        parts.append(f"node {node.label()}: -devices {node.name.lower()}/cpu, {node.name.lower()}/cuda:0 ...{here}\n"
+        names = ", ".join(f"{node.name.lower()}/{d}" for d in ["cpu", *(g.spec_name for g in inventory.gpus)])
+        parts.append(f"node {node.label()}: -devices {names}{here}\n"
                      + "\n".join("  " + line for line in render(inventory).splitlines()))
     click.echo("\n".join(parts))
 

@@ -2,10 +2,10 @@
 over tensors that live in that node's actor (backends/ray_host.py), which runs the node's own backend.
 
 Nothing waits on the other node until a value must come back: every operation (allocations, writes,
-copies, kernel calls) is queued with the ids of the tensors it makes, chosen here, and the queue goes to
-the actor as one call when a download (the hidden state or the logits at a seam), a synchronize or a
-new program's functions are needed. A decode step of a segment on another node is then one or two
-round trips, and only its inputs, the hidden state and what the next segment needs cross. Every wait
+copies, kernel calls) is queued with the ids of the tensors it makes, chosen here; a synchronize sends
+the queue to the actor without waiting, and a download (the hidden state or the logits at a seam), or a
+new program's functions, sends it and waits. The actor runs batches in order. A decode step of a segment
+on another node is one wait, and only its inputs and the hidden state (or the logits) cross. Every wait
 has a timeout (JITLLM_CLUSTER_TIMEOUT); a node that is gone or does not answer is a DeviceFault naming it,
 and its device stays failed.
 """
@@ -57,26 +57,41 @@ class NodeLink:
         self.queued_bytes = 0
         self.ids = itertools.count(1)
         self.failed: str | None = None
+        self.sent: list = []
+        """Batches sent and not yet waited for (their results, in order)."""
 
     def push(self, op: tuple, nbytes: int = 0) -> None:
         self.ops.append(op)
         self.queued_bytes += nbytes
 
-    def flush(self, device: str) -> list:
-        """Run everything queued there; the answers. A dead node or one that does not answer in time: a
-        DeviceFault naming the node."""
+    def send(self) -> None:
+        """Everything queued goes to the actor now, without waiting for it (the next `flush` does)."""
         import ray
 
-        if self.failed is not None:
-            raise DeviceFault(device, self.failed)
         if self.garbage:
             freed, self.garbage[:] = list(self.garbage), []
             self.ops.append(("free", freed))
-        if not self.ops:
+        if self.ops:
+            ops, self.ops, self.queued_bytes = self.ops, [], 0
+            try:
+                self.sent.append(self.actor.run.remote(ops))
+            except ray.exceptions.RayError as e:
+                self.failed = f"node {self.node.label()} is gone ({_last_line(e)})"
+
+    def flush(self, device: str) -> list:
+        """Run everything queued there and wait for it (and for what was sent before): the last batch's
+        answers. A dead node, or one that does not answer in time: a DeviceFault naming the node."""
+        import ray
+
+        if self.failed is None:
+            self.send()
+        if self.failed is not None:
+            raise DeviceFault(device, self.failed)
+        sent, self.sent = self.sent, []
+        if not sent:
             return []
-        ops, self.ops, self.queued_bytes = self.ops, [], 0
         try:
-            return ray.get(self.actor.run.remote(ops), timeout=self.timeout)
+            return ray.get(sent, timeout=self.timeout)[-1]
         except ray.exceptions.GetTimeoutError:
             self.failed = f"node {self.node.label()} did not answer within {self.timeout:g} s"
         except ray.exceptions.RayTaskError as e:  # the work failed there (allocation, launch): the device's fault
@@ -153,9 +168,11 @@ class RemoteBackend:
         return out
 
     def synchronize(self) -> None:
+        """The queue goes to the node, in order before anything later; nothing waits here (the next
+        download does), so a step's inputs and its outputs make one round trip together."""
         if self.link.ops:
             self._push(("synchronize", self.local))
-            self._answers()
+            self.link.send()
 
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
         """The artifact's bytes go to the node (nothing needs a shared file system), loaded there once."""

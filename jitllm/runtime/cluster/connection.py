@@ -7,6 +7,7 @@ binds loopback too (Ray would otherwise advertise the machine's outward address,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass
@@ -18,7 +19,18 @@ DEFAULT_TIMEOUT = 60.0
 """Seconds any wait on another node may take (a step, a move's copy, an actor starting) before the node is
 given up as failed."""
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_REWRITTEN = ("127.0.0.1", "localhost", "::1")
+"""Loopback addresses Ray replaces by the machine's outward one (unless told it runs on one machine)."""
+
+
+def _loopback(host: str) -> bool:
+    """A loopback address: every node of such a cluster is this machine, the driver's node IP is it too."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def timeout() -> float:
@@ -88,13 +100,13 @@ def connect(address: str) -> Cluster:
         raise JitllmError(f"RAY_AUTH_MODE={mode}: jitllm joins only clusters with token authentication "
                           f"(RAY_AUTH_MODE=token on every node; docs/cluster.md)")
     host = address.rpartition(":")[0].strip("[]") if address != "auto" else ""
-    if host in _LOOPBACK and "ray" not in sys.modules:
+    if host in _REWRITTEN and "ray" not in sys.modules:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported: loopback node IPs)
     try:
         import ray
     except ImportError:
         raise JitllmError("-cluster needs Ray: pip install 'jitllm[ray]'") from None
-    kwargs = {"_node_ip_address": host} if host in _LOOPBACK else {}
+    kwargs = {"_node_ip_address": "127.0.0.1" if host == "localhost" else host} if _loopback(host) else {}
     try:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", **kwargs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -102,6 +103,8 @@ def connect(address: str) -> Cluster:
     host = address.rpartition(":")[0].strip("[]") if address != "auto" else ""
     if host in _REWRITTEN and "ray" not in sys.modules:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # (read when ray is imported: loopback node IPs)
+    if address != "auto":
+        _reachable(address)
     try:
         import ray
     except ImportError:
@@ -111,10 +114,22 @@ def connect(address: str) -> Cluster:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", **kwargs)
     except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError... for a cluster it cannot join
-        raise JitllmError(f"-cluster {address}: cannot join the Ray cluster: {_first_line(e)}") from None
+        raise JitllmError(f"-cluster {address}: cannot join the Ray cluster: {_first_line(e)} (a token that is not "
+                          f"the cluster's is refused so: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from None
     _connected = Cluster(address, [], None)  # type: ignore[arg-type]
     refresh(_connected)
     return _connected
+
+
+def _reachable(address: str) -> None:
+    """The cluster's GCS port answers within the timeout (Ray itself retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise JitllmError(f"-cluster {address}: give the cluster's host:port (the head's --port), or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout(), 10.0)).close()
+    except OSError as e:
+        raise JitllmError(f"-cluster {address}: nothing answers there ({e.strerror or e})") from None
 
 
 def refresh(cluster: Cluster) -> None:

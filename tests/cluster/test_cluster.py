@@ -58,6 +58,34 @@ def test_cluster_hardware_and_grammar_errors(tiny_model, cache_dir, ray_cluster)
         load(tiny_model, devices="node2/cpu", cache_dir=cache_dir)
 
 
+def test_a_node_that_does_not_answer_times_out(tiny_model, cache_dir, ray_cluster, baseline):
+    """Its actor stopped (SIGSTOP) mid-generation: the wait ends at the timeout, naming the node, and the
+    blocks come back to the coordinator (the tokens stay the same)."""
+    import os
+    import signal
+
+    import ray
+
+    from jitllm.runtime.backends import ray_remote
+
+    model = _load(tiny_model, cache_dir, ray_cluster[0])
+    link = model.devices["node2/cpu"].backend.link
+    pid = ray.get(link.actor.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    logs, tokens = [], []
+    model.log = logs.append
+    link.timeout = 1.0
+    try:
+        for token in model.generate_tokens(PROMPT, N, SamplingParams(0.0)):
+            tokens.append(token)
+            if len(tokens) == 3:
+                os.kill(pid, signal.SIGSTOP)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ray_remote.reset()  # (node2's actor is left failed: the next test starts another)
+    assert tokens == baseline
+    assert any("node2/cpu: node node2 (127.0.0.1" in line and "did not answer within 1 s" in line for line in logs), logs
+
+
 def test_a_node_that_dies_mid_generation(tiny_model, cache_dir, ray_cluster, baseline):
     """Its blocks come back to the coordinator and the tokens stay the same; with -no-gpu-fallback, one
     error naming the node. (Last: node2 is gone after it.)"""

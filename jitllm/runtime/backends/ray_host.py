@@ -34,7 +34,13 @@ class HostActor:
         self.artifacts = Path(tempfile.mkdtemp(prefix="jitllm-artifacts-"))
 
     def open(self, local: str, cpu_kernels: str, gpu_kernels: str):
-        """Make the device `local` names on this node (`cpu`, `cuda:0`); its target, to compile for."""
+        """Make the device `local` names on this node (`cpu`, `cuda:0`); its target, to compile for. The
+        node's CPU workers are chosen as the coordinator chooses its own (runtime/workers.py: one per
+        physical performance core, or TVM_NUM_THREADS), before any kernel starts a pool here (Ray sets
+        OMP_NUM_THREADS=1 in its workers, which TVM would otherwise take)."""
+        from jitllm.runtime.workers import host_workers
+
+        host_workers()
         if local not in self.devices:
             if local == "cpu":
                 from jitllm.runtime.backends.host import host_device

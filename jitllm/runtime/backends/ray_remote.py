@@ -239,7 +239,7 @@ _links: dict[str, NodeLink] = {}
 
 def _last_line(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[-1] if text else type(e).__name__
+    return text.splitlines()[-1].strip() if text else type(e).__name__
 
 
 def reset() -> None:

@@ -55,9 +55,6 @@ class HostActor:
                 self.devices[local] = make_device(choice, cpu_kernels, gpu_kernels)
         return self.devices[local].target
 
-    def ping(self) -> bool:
-        return True
-
     def run(self, ops: list[tuple]) -> list:
         """Each operation in order; the answers of those that have one, in order."""
         answers = []

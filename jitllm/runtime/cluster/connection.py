@@ -11,7 +11,7 @@ import ipaddress
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jitllm.core.errors import JitllmError
 
@@ -66,6 +66,10 @@ class Cluster:
     nodes: list[Node]
     local: Node
     """The node this process (the coordinator) runs on."""
+    inventories: dict = field(default_factory=dict)
+    """Node id -> what `jitllm hardware` found there (jitllm.runtime.cluster.nodes)."""
+    remote: dict = field(default_factory=dict)
+    """Every remote device named so far: its canonical name (`node2/cpu`) -> a RemoteSpec."""
 
     def node(self, text: str, entry: str) -> Node:
         """The node named `text`: a node name, else a unique prefix of a node id."""

@@ -22,7 +22,7 @@ class RemoteSpec:
 
 def node_inventory(cluster: Cluster, node: Node) -> Inventory:
     """What `jitllm hardware` finds on `node`, detected there (once per process and node)."""
-    cache = cluster.__dict__.setdefault("_inventories", {})
+    cache = cluster.inventories
     if node.node_id not in cache:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -41,7 +41,7 @@ def node_inventory(cluster: Cluster, node: Node) -> Inventory:
 
 def remote_specs(cluster: Cluster) -> dict[str, RemoteSpec]:
     """Every remote device named so far in this process: its canonical name (`node2/cpu`) -> where it is."""
-    return cluster.__dict__.setdefault("_specs", {})
+    return cluster.remote
 
 
 def remote_device(cluster: Cluster, spec: str, entry: str) -> GpuDevice:

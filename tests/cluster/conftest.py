@@ -27,11 +27,13 @@ def ray_cluster(setup_failed):
         import ray
         from ray.cluster_utils import Cluster
     except ImportError:
+        _restore(saved)
         setup_failed("ray is not installed (pip install 'jitllm[ray]')")
     try:
         cluster = Cluster(initialize_head=True, head_node_args={**NODE, "node_name": "head", "include_dashboard": False})
         node2 = cluster.add_node(**NODE, node_name="node2")
     except Exception as e:  # Ray's own start-up errors
+        _restore(saved)
         setup_failed(f"a local Ray cluster did not start: {e}")
     try:
         yield cluster.address, cluster, node2
@@ -43,8 +45,12 @@ def ray_cluster(setup_failed):
         connection.reset()
         ray.shutdown()
         cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore(saved)
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

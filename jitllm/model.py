@@ -77,10 +77,10 @@ class Model:
         steps, with every live session's KV pages. All or nothing: on any error nothing has moved."""
         return move_units(self, f"{blocks}={target}")
 
-    def fall_back_to_host(self) -> list[str]:
-        """Bring every unit home after a device failure, dropping KV held on devices (recomputed later);
-        the devices left, by name."""
-        return fall_back_to_host(self.executor, self.devices[HOST])
+    def fall_back_to_host(self, failed: str | None = None) -> list[str]:
+        """Bring units home after a device failure (those on the device named `failed`, else every unit
+        away from the host), dropping the sessions' KV held on them (recomputed later); the devices left."""
+        return fall_back_to_host(self.executor, self.devices[HOST], failed)
 
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
@@ -136,8 +136,9 @@ class Model:
                 except DeviceFault as fault:
                     if self.no_gpu_fallback:
                         raise JitllmError(f"{fault} (-no-gpu-fallback is set)") from None
-                    self._log(f"warning: {fault}; finishing on the CPU")
-                    self.fall_back_to_host()
+                    self._log(f"warning: {fault}; finishing on the CPU (its blocks come back from the file; "
+                              f"the prompt is fed again to recompute their KV)")
+                    self.fall_back_to_host(fault.device)
                     self.executor.reset_session(session)
                     feed = history + ids  # (the session's earlier history too: it was on the device)
         finally:

@@ -126,6 +126,7 @@ def placement_options(func=None, *, devices: str = "auto"):
     decorators = [
         opt("devices", default=devices, show_default=True, help="auto|all|cpu|gpu[:N]|cuda[:ORD]|vulkan[:SEL]|metal, =BYTES each"),
         opt("vram", default=None, help="one weight budget for every device (3G, 512M, bytes)"),
+        opt("cluster", default=None, help="join a Ray cluster (host:port or auto): -devices then takes NODE/DEVICE"),
         opt("placement", default=None, help="SEL=TARGET[!|~],... (N, A-B, head, *; host or a device)"),
         opt("placement-strict", "placement_strict", is_flag=True, help="the map is all or nothing"),
         opt("gpu-layers", "gpu_layers", type=click.IntRange(min=0), default=None, help="cap the blocks offered to devices"),
@@ -183,7 +184,8 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
         cache_dir=f["cache_dir"] or os.environ.get("JITLLM_CACHE_DIR"),
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
-        relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"])
+        relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"],
+        cluster=f.get("cluster"))
     return load_with(checked, options)
 
 

@@ -15,15 +15,39 @@ if TYPE_CHECKING:
 
 @click.command()
 @opt("json", "as_json", is_flag=True, help="machine-readable output")
-def hardware(as_json: bool) -> None:
-    """List every device, each backend that reaches it, and the CPU."""
+@opt("cluster", default=None, help="list every node of a Ray cluster (host:port or auto), each as NODE/...")
+def hardware(as_json: bool, cluster: str | None) -> None:
+    """List every device, each backend that reaches it, and the CPU (with -cluster: of every node)."""
     from jitllm.runtime.inventory import detect_inventory
 
+    if cluster is not None:
+        return _cluster_hardware(cluster, as_json)
     inventory = detect_inventory()
     if as_json:
         click.echo(json.dumps(inventory.to_dict(), indent=2))
     else:
         click.echo(render(inventory))
+
+
+def _cluster_hardware(address: str, as_json: bool) -> None:
+    """Each node's own listing (detected there), headed by its -devices prefix; the coordinator's first."""
+    from jitllm.runtime.cluster.connection import connect
+    from jitllm.runtime.cluster.nodes import node_inventory
+
+    found = connect(address)
+    listed = [(node, node_inventory(found, node)) for node in found.nodes]
+    if as_json:
+        click.echo(json.dumps([{"node": n.name, "node_id": n.node_id, "address": n.address,
+                                "coordinator": n is found.local, "devices_prefix": f"{n.name.lower()}/",
+                                **inv.to_dict()} for n, inv in listed], indent=2))
+        return
+    parts = []
+    for node, inventory in listed:
+        here = "  (this process: its devices need no prefix)" if node is found.local else ""
+        names = ", ".join(f"{node.name.lower()}/{d}" for d in ["cpu", *(g.spec_name for g in inventory.gpus)])
+        parts.append(f"node {node.label()}: -devices {names}{here}\n"
+                     + "\n".join("  " + line for line in render(inventory).splitlines()))
+    click.echo("\n".join(parts))
 
 
 def render(inventory: Inventory) -> str:

@@ -2,6 +2,9 @@
 
     auto | all | cpu | gpu[:N] | cuda[:ORD] | vulkan[:SEL] | metal     (comma-separated, each =BYTES)
 
+and, with -cluster, NODE/DEVICE (`node2/cpu`, `node2/cuda:0`: a device of another node, NODE its name or
+a node id prefix; jitllm.runtime.cluster.nodes),
+
 and ONNX Runtime devices, `ort` (its CPU execution provider) and `ort:cuda[:ORD]` (its CUDA one), which
 run the block graphs themselves (jitllm.runtime.backends.ort); for testing, `sim:N` (a simulated device:
 host memory and kernels behind a device's own budget, accepted where JITLLM_SIM_DEVICES=1;
@@ -33,6 +36,10 @@ _KINDS = "auto, all, cpu, gpu[:N], cuda[:ORD], vulkan[:SEL], metal or ort[:cuda[
 
 Timer = Callable[[GpuDevice], float]
 """Seconds one reference kernel takes on a device (lower is faster); supplied by the runtime."""
+
+Remote = Callable[[str, str], GpuDevice]
+"""The device a `NODE/DEVICE` entry names on another node of a cluster (spec, entry as written):
+jitllm.runtime.cluster.nodes.remote_device, where -cluster joined one."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +80,13 @@ def default_budget(free_bytes: int) -> int:
 
 
 def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
-                  timer: Timer | None = None) -> list[DeviceChoice]:
+                  timer: Timer | None = None, remote: Remote | None = None) -> list[DeviceChoice]:
     """The devices `text` names, in order, each with a budget; an empty list means the CPU alone.
 
     `vram` is one budget for every device; an entry's own `=BYTES` wins over it. Unified-memory
     devices draw their default budget from host memory not yet promised to another unified device
-    (see `host_budget`). `timer`, when given, ranks devices for `auto`, `all` and bare `gpu`.
+    (see `host_budget`). `timer`, when given, ranks devices for `auto`, `all` and bare `gpu`. `remote`
+    resolves `NODE/DEVICE` entries (devices of other nodes of a cluster).
     """
     for flag, value in (("-devices", text), ("-vram", vram)):
         if value is not None and not value.isprintable():
@@ -98,7 +106,7 @@ def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
             raise JitllmError(f"{entry}: {spec.lower()} must be the only -devices entry")
         if spec.lower() == "cpu" and eq:
             raise JitllmError(f"{entry}: the CPU takes no budget")
-        for device in _resolve(spec, entry, inventory, timer):
+        for device in _remote(spec, entry, remote) if "/" in spec else _resolve(spec, entry, inventory, timer):
             _check_unique(entry, device, picks)
             picks.append((spec.lower(), device, own))
     return _budgeted(picks, inventory, shared)
@@ -115,6 +123,12 @@ def _size(text: str, entry: str) -> int:
         return parse_size(text)
     except JitllmError as e:
         raise JitllmError(f"{entry}: {e}") from None
+
+
+def _remote(spec: str, entry: str, remote: Remote | None) -> list[GpuDevice]:
+    if remote is None:
+        raise JitllmError(f"{entry}: {spec.strip()} names a device of another node: join its cluster with -cluster ADDRESS")
+    return [remote(spec.strip(), entry)]
 
 
 def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -> list[GpuDevice]:

@@ -50,6 +50,9 @@ class LoadOptions:
     gpu_grow: bool = False
     tune_seam: bool = False
     threads: int | None = None
+    cluster: str | None = None
+    """A Ray cluster to join (`host:port` or `auto`): its nodes' devices are `NODE/DEVICE` entries of
+    `devices` (jitllm.runtime.cluster, docs/cluster.md)."""
 
 
 @dataclass
@@ -74,7 +77,7 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     if options.devices.strip().lower() != "cpu":
         from jitllm.runtime.inventory import detect_inventory
 
-        choices = parse_devices(options.devices, detect_inventory(), options.vram)
+        choices = parse_devices(options.devices, detect_inventory(), options.vram, remote=_remote(options.cluster))
     given = options.placement
     option = given if isinstance(given, PlacementOption) or given is None else with_placement(given)
     if option is not None:
@@ -112,6 +115,17 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
     executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
     return Opened(file, layout, the_plan, devices, executor, grow)
+
+
+def _remote(address: str | None):
+    """How NODE/DEVICE entries are resolved: on the cluster at `address`, joined here (None: no cluster)."""
+    if address is None:
+        return None
+    from jitllm.runtime.cluster.connection import connect
+    from jitllm.runtime.cluster.nodes import remote_device
+
+    cluster = connect(address)
+    return lambda spec, entry: remote_device(cluster, spec, entry)
 
 
 def _share_host_memory(devices: dict[str, Device]) -> None:

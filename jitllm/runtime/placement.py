@@ -15,7 +15,7 @@ from jitllm.core.errors import JitllmError
 HOST = "host"
 
 _SELECTOR = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
-_TARGET = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.:\-]*)(.*)")
+_TARGET = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.:/\-]*)(.*)")
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,19 @@ def test_failure_after_the_copies_waits_for_them_before_giving_memory_back(tiny_
         model.move("0", "sim:0")
     assert events == ["copied", "sync"] and ex.blocks[0].device.name == "host" and sim.used_bytes == 0
     assert _greedy(ex, session, logits) == baseline
+
+
+def test_a_device_fault_brings_only_that_devices_blocks_home(tiny_model, cache_dir, baseline):
+    model = _load(tiny_model, cache_dir, placement=None)
+    logs = []
+    model.log = logs.append
+    model.move("0", "sim:0")
+    model.move("1", "sim:1")
+    tokens = []
+    for i, token in enumerate(model.generate_tokens(PROMPT, N, SamplingParams(0.0))):
+        tokens.append(token)
+        if i == 4:
+            model.devices["sim:1"].backend.faults.launch = True
+    assert tokens == baseline
+    assert any(line.startswith("warning: sim:1: ") and "finishing on the CPU" in line for line in logs)
+    assert [u.device.name for u in model.executor.blocks] == ["sim:0", "host"]

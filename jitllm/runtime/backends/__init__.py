@@ -5,7 +5,7 @@ links its devices). The host is always there (backends/host.py)."""
 from __future__ import annotations
 
 from jitllm.core.errors import JitllmError
-from jitllm.runtime.backends import cuda, fake, ort, wgpu
+from jitllm.runtime.backends import cuda, fake, ort, ray_remote, wgpu
 from jitllm.runtime.device import Device
 from jitllm.runtime.device_spec import DeviceChoice
 
@@ -15,6 +15,7 @@ BACKENDS = {
     "sim": fake,
     "vulkan": wgpu,
     "metal": wgpu,
+    "ray": ray_remote,
 }
 
 

@@ -194,16 +194,21 @@ def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source
     return count * src_pool.page_bytes
 
 
-def fall_back_to_host(executor, host: Device) -> list[str]:
-    """Bring every unit home after a device failure: every session's history is dropped (the caller
-    recomputes it), and each unit's weights come from the model file. The devices left, by name."""
+def fall_back_to_host(executor, host: Device, failed: str | None = None) -> list[str]:
+    """Bring units home after a device failure: those on the device named `failed` (every unit away from
+    the host where None, or where no unit is on `failed`), each unit's weights from the model file. The
+    sessions that held KV pages or state on them are dropped (the caller recomputes them); the others keep
+    their history (a node of a cluster dying leaves the other nodes' and devices' blocks where they are).
+    The devices left, by name."""
     away = [u for u in [*executor.blocks, executor.head] if u.device is not host]
-    if away:
-        for session in executor.sessions.values():
+    lost = [u for u in away if u.device.name == failed] or away
+    indices = {u.index for u in lost}
+    for session in list(executor.sessions.values()):
+        if any(session.tables[i].ids for i in indices if i in session.tables) or indices & set(session.states):
             executor.reset_session(session)
-    for unit in away:
+    for unit in lost:
         move_unit(executor, unit.index, host, from_file=True)
-    return sorted({u.device.name for u in away})
+    return sorted({u.device.name for u in lost})
 
 
 def relocate(executor, plan, device: Device, host: Device, error: Exception) -> MoveReport:

@@ -24,7 +24,7 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
     tiny model's exact llvm kinds, the presets' CUDA kinds, and both the exact llvm and the CUDA kinds of
     `host_presets` (bench/migrate.py's blocks start on the host)."""
-    from kinds import format_test_kinds, gpu_test_kinds
+    from kinds import format_test_kinds, gpu_test_kinds, ragged_test_kinds
 
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets.cuda import CudaTarget
@@ -42,6 +42,7 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
         pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
+    pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target)]
     for preset, wtype in [*presets, *host_presets]:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:

@@ -1,8 +1,9 @@
 """Fill a cache folder with exactly what a GPU-machine session needs, and nothing else (at most 64 MiB
 travels there): the CUDA kinds of tests/gpu in both kernel families, the llvm kinds its host-side
 comparisons load (exact kernels; no llvm key holds a worker count), the CUDA kinds of the benchmark
-shapes (fast family; quantized ones in the exact family too, for `gpu_decode.py -gpu-kernels exact`),
-and both the llvm and CUDA kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
+shapes (fast family; quantized ones in the exact family too, for `gpu_decode.py -gpu-kernels exact`;
+their ragged variants in the fast family, for `jitllm batch -devices gpu`), and both the llvm and CUDA
+kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
 
     python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
 
@@ -22,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu")
 
 def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = ()):
     """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
-    tiny model's exact llvm kinds, the presets' CUDA kinds, and both the exact llvm and the CUDA kinds of
+    tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact), the presets' CUDA kinds (and
+    their fast ragged variants), and both the exact llvm and the CUDA kinds of
     `host_presets` (bench/migrate.py's blocks start on the host)."""
-    from kinds import format_test_kinds, gpu_test_kinds
+    from kinds import format_test_kinds, gpu_test_kinds, ragged_test_kinds
 
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets.cuda import CudaTarget
@@ -42,10 +44,14 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     tiny = preset_layout("tiny", "q4_1")
     for kind in [*tiny.block_kinds, tiny.head]:
         pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
+    pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target)]
     for preset, wtype in [*presets, *host_presets]:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:
             pairs += as_run(kind, fast) + (as_run(kind, cuda) if wtype.startswith("q") else [])
+    for preset, wtype in presets:  # the ragged variants `jitllm batch -devices gpu` runs (fast family)
+        layout = preset_layout(preset, wtype)
+        pairs += [(kind_for_target(kind, fast).ragged_variant(), fast) for kind in [*layout.block_kinds, layout.head]]
     for preset, wtype in host_presets:
         layout = preset_layout(preset, wtype)
         for kind in [*layout.block_kinds, layout.head]:

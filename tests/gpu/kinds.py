@@ -9,7 +9,7 @@ from jitllm.ir.head import head_kind
 from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
 from jitllm.lowering.target import kind_for_target
 from jitllm.lowering.targets.cuda import CudaTarget
-from jitllm.random_model import PRESETS
+from jitllm.random_model import PRESETS, preset_layout
 
 TEST_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 WIDE_FFN_CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 4096, 256, 512, 10000.0, 1e-5)
@@ -39,6 +39,13 @@ def gpu_test_kinds():
     wide = [kind_for_target(llama_block_kind(cfg, {n: w for n in BLOCK_LINEARS}), CudaTarget())
             for cfg in (WIDE_FFN_CFG, SPLIT_K_CFG) for w in ("f16", "q4_0")]  # (prefill only, after the rest: tests index the list above)
     return kinds + [k.decode_variant() for k in kinds] + wide
+
+
+def ragged_test_kinds(target):
+    """The tiny model's ragged variants (batched steps) as a device of `target` runs them
+    (test_batched_cuda.py runs them on CUDA and compares with the host's)."""
+    tiny = preset_layout("tiny", "q4_1")
+    return [kind_for_target(k, target).ragged_variant() for k in [*tiny.block_kinds, tiny.head]]
 
 
 def format_test_kinds():

@@ -153,6 +153,30 @@ def test_fused_decode_steps_rotate_inside_the_split_attention():
                                              "k_out", "v_out"]
 
 
+def test_ragged_variants_take_the_ragged_attention_and_append_on_the_gpu():
+    """Batched steps' kinds (BlockKind.ragged): the ragged attention (rows of several sessions) beside the
+    rotary kernel, and the ragged append as the module's append, both thread-bound GPU kernels."""
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
+    from jitllm.lowering import APPEND_FUNCTION
+    from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.random_model import PRESETS
+
+    cuda = CudaTarget("sm_90", "fast")
+    assert cuda.caps.ragged_batches
+    kind = kind_for_target(llama_block_kind(PRESETS["tiny"], {n: "q4_0" for n in BLOCK_LINEARS}), cuda).ragged_variant()
+    mod = to_relax(kind, build_block_graph(kind), cuda)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    assert any(k.startswith("jl_gpu_ragged_attention_h") for k in names)
+    assert not any("paged_attention" in k or "split_attention" in k for k in names)
+    assert any(k.startswith("jl_gpu_rotary") for k in names)
+    attention = next(mod[k] for k in names if k.startswith("jl_gpu_ragged_attention"))
+    append = mod[APPEND_FUNCTION]
+    assert [p.name for p in append.params] == ["pages", "k", "v", "pt", "past", "starts"]
+    assert all('thread="blockIdx.x"' in func.script() for func in (attention, append))
+
+
 def _calls(func) -> list:
     """The relax calls (call_tir and the rest) in `func`'s body."""
     from tvm import relax

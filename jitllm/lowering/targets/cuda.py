@@ -25,11 +25,12 @@ class CudaTarget(KernelSet):
     the folded ops as decode variants do (BlockKind.folded): one rotary kernel (rotary_kernel), residual
     adds inside the tensor-core linears, norms inside them too (exact family, prefill_linear_kernel,
     SwiGLU one elementwise pass) or in the operand pass before each GEMM, which applies SwiGLU as well
-    (fast family on sm_80 on, prefill_gemm_kernels)."""
+    (fast family on sm_80 on, prefill_gemm_kernels). Ragged variants (batched steps) take the ragged
+    attention and append of kernels/cuda/ragged.py; they run eagerly (no captured graphs)."""
 
     name = "cuda"
     caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, fold_prefill=True, decode_variants=True,
-                      decode_appends_kv=True, kernels_flag="gpu-kernels")
+                      decode_appends_kv=True, ragged_batches=True, kernels_flag="gpu-kernels")
     sources = ("targets/cuda.py", "targets/cuda_runtime.py", "kernels/cuda")
 
     def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
@@ -173,6 +174,17 @@ class CudaTarget(KernelSet):
         from jitllm.lowering.kernels.cuda.basic import append_kernel
 
         return append_kernel(kind)
+
+    def ragged_attention_kernel(self, kind):
+        """Batched steps (ragged variants): the exact prefill attention's thread blocks per session."""
+        from jitllm.lowering.kernels.cuda.ragged import ragged_attention_kernel
+
+        return ragged_attention_kernel(kind)
+
+    def ragged_append_kernel(self, kind):
+        from jitllm.lowering.kernels.cuda.ragged import ragged_append_kernel
+
+        return ragged_append_kernel(kind)
 
     def page_kernels(self, kind) -> dict:
         from jitllm.lowering.kernels.cuda.pages import page_kernels

@@ -55,6 +55,19 @@ class WebGpuTarget(KernelSet):
 
         return linear_kernel(wtype, n, k, rows)
 
+    def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
+        """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops): one
+        dispatch where the parts took three (x², the norm, the matvec) or two."""
+        from jitllm.lowering.kernels.webgpu.linear import TYPES, gemv_kernel
+
+        return gemv_kernel(wtype, n, k, family, eps) if wtype in TYPES else None
+
+    def rotary_kernel(self, kind):
+        """RotaryQKV as one kernel (CUDA's SIMT one, shared): one dispatch where the parts took three."""
+        from jitllm.lowering.kernels.cuda.basic import rotary_kernel
+
+        return rotary_kernel(kind)
+
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels.cuda.basic import attention_kernel
 

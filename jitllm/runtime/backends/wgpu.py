@@ -3,10 +3,17 @@ storage buffers (a view is a buffer, a byte offset and a shape), artifacts are t
 packages, run by backends/wgpu_plan.py.
 
 Work is encoded, not submitted, as it comes: consecutive dispatches share one compute pass, buffer copies
-end the pass and stay in the same command encoder, and the encoder is submitted only when the host needs
-the queue (a write, which the queue would otherwise run before the unsubmitted work, or a read) or waits
-for it. A decode step (its inputs written first, its token or logits read last) is therefore one submit
-whatever its number of blocks. Metal goes through the same code; it has not been run (no Mac here).
+end the pass and stay in the same command encoder, and the encoder is submitted when the host needs the
+queue (a write, which the queue would otherwise run before the unsubmitted work, or a read), waits for it,
+or has encoded SUBMIT_EVERY dispatches since the last submit (so the device starts on a long step's first
+blocks while the host encodes the rest). A read copies into a mappable buffer kept for it, in the same
+encoder, and maps that: a decode step (its inputs written first, its token read last) is one submit per
+SUBMIT_EVERY dispatches and one small map, creating nothing.
+
+Replayed dispatches are encoded through wgpu-native's C functions directly (`_RawPass`): wgpu-py wraps
+every call in Python error capture (and set_bind_group allocates), ~5 us of a dispatch's ~6 on the H200's
+host (DESIGN.md §3) against ~1 us raw on this machine; an invalid command still fails the encoder's
+`finish`, which goes through wgpu-py. Metal goes through the same code; it has not been run (no Mac here).
 """
 
 from __future__ import annotations
@@ -62,6 +69,40 @@ class WgpuTensor:
         return WgpuTensor(self.buffer, self.offset + offset, tuple(int(d) for d in shape), dtype, self.backend)
 
 
+SUBMIT_EVERY = 64
+"""Dispatches encoded between submits: a decode step of SmolLM2's 30 blocks (~210 dispatches) is four
+submits, whose first starts the device while the host still encodes (a submit costs ~60 us on the H200's
+host, DESIGN.md §3; encoding 64 dispatches more than that)."""
+
+
+class _RawPass:
+    """set_pipeline / set_bind_group / dispatch of a compute pass through wgpu-native's C functions (see
+    the module docstring); None where this wgpu has not the names (then wgpu-py's own methods are used)."""
+
+    def __init__(self, compute) -> None:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        self.handle, self.null = compute._internal, ffi.NULL
+        self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+
+    @classmethod
+    def of(cls, compute) -> "_RawPass | None":
+        try:
+            return cls(compute)
+        except (ImportError, AttributeError):
+            return None
+
+    def encode(self, dispatches: list) -> None:
+        handle, null = self.handle, self.null
+        set_pipeline, set_bind_group, dispatch = self.set_pipeline, self.set_bind_group, self.dispatch
+        for d in dispatches:
+            set_pipeline(handle, d.pipeline._internal)
+            set_bind_group(handle, 0, d.bind_group._internal, 0, null)
+            dispatch(handle, *d.groups)
+
+
 def _padded(n: int, to: int = 4) -> int:
     return max(to, -(-n // to) * to)
 
@@ -83,15 +124,21 @@ class WgpuBackend:
         self._pipelines: dict[tuple[str, str], object] = {}
         self._encoder = None
         self._pass = None
+        self._raw = None
+        self._unsubmitted = 0
+        self._readback = None
         self._fence = None
         self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0,
-                      "encode_seconds": 0.0}
-        """Counters: dispatches encoded (and the host seconds that took), submits, pipelines created (and the
-        seconds that took), bind groups made."""
+                      "encode_seconds": 0.0, "buffers": 0, "writes": 0, "write_seconds": 0.0, "reads": 0,
+                      "read_seconds": 0.0, "wait_seconds": 0.0, "submit_seconds": 0.0}
+        """Counters: dispatches encoded (and the host seconds that took), submits (and their seconds),
+        pipelines created (and the seconds that took), bind groups made, buffers created, queue writes (and
+        their seconds), reads (and their seconds, waiting for the device included; the map's wait alone)."""
 
     # -- memory ----------------------------------------------------------------------------------
-    def _buffer(self, nbytes: int):
-        return self.device.create_buffer(size=_padded(nbytes, 16), usage=self.usage)
+    def _buffer(self, nbytes: int, usage=None):
+        self.stats["buffers"] += 1
+        return self.device.create_buffer(size=_padded(nbytes, 16), usage=self.usage if usage is None else usage)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> WgpuTensor:
         """Zeroed (WebGPU clears new buffers): the attention reads every page a table lists."""
@@ -105,11 +152,33 @@ class WgpuBackend:
         return tensor
 
     def download(self, tensor: WgpuTensor) -> np.ndarray:
-        self.flush()
         start = tensor.offset - tensor.offset % 4
-        data = self.device.queue.read_buffer(tensor.buffer, start, _padded(tensor.offset - start + tensor.nbytes))
+        data = self._read(tensor.buffer, start, _padded(tensor.offset - start + tensor.nbytes))
         raw = np.frombuffer(data, np.uint8)[tensor.offset - start:tensor.offset - start + tensor.nbytes]
         return raw.view(tensor.dtype).reshape(tensor.shape).copy()
+
+    def _read(self, buffer, offset: int, size: int):
+        """`size` bytes at `offset` (both multiples of 4) of `buffer` after all work encoded so far: copied
+        into the mappable buffer kept for reads (grown to the largest read), in the pending encoder, which
+        is then submitted, and that buffer mapped (the wait for the device)."""
+        start = time.perf_counter()
+        if self._readback is None or self._readback.size < size:
+            if self._readback is not None:
+                self._readback.destroy()
+            self._readback = self._buffer(max(size, 256), self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+        self._end_pass()
+        self._encoding().copy_buffer_to_buffer(buffer, offset, self._readback, 0, size)
+        self.flush()
+        waiting = time.perf_counter()
+        self._readback.map_sync(self.wgpu.MapMode.READ, 0, _padded(size, 8))
+        self.stats["wait_seconds"] += time.perf_counter() - waiting
+        try:
+            data = self._readback.read_mapped(0, size, copy=True)
+        finally:
+            self._readback.unmap()
+        self.stats["reads"] += 1
+        self.stats["read_seconds"] += time.perf_counter() - start
+        return data
 
     def write(self, tensor: WgpuTensor, array: np.ndarray) -> None:
         """Pending work is submitted first: the queue runs a write before anything submitted after it."""
@@ -117,14 +186,17 @@ class WgpuBackend:
         if data.nbytes != tensor.nbytes:
             raise JitllmError(f"{self.device_name}: {data.nbytes} bytes written into a {tensor.nbytes}-byte tensor")
         self.flush()
+        start = time.perf_counter()
         if tensor.offset % 4 or data.nbytes % 4:  # (the queue writes whole words: merge with the bytes around)
-            start = tensor.offset - tensor.offset % 4
+            begin = tensor.offset - tensor.offset % 4
             end = _padded(tensor.offset + data.nbytes)
-            around = np.frombuffer(self.device.queue.read_buffer(tensor.buffer, start, end - start), np.uint8).copy()
-            around[tensor.offset - start:tensor.offset - start + data.nbytes] = data
-            self.device.queue.write_buffer(tensor.buffer, start, around)
-            return
-        self.device.queue.write_buffer(tensor.buffer, tensor.offset, data)
+            around = np.frombuffer(self._read(tensor.buffer, begin, end - begin), np.uint8).copy()
+            around[tensor.offset - begin:tensor.offset - begin + data.nbytes] = data
+            self.device.queue.write_buffer(tensor.buffer, begin, around)
+        else:
+            self.device.queue.write_buffer(tensor.buffer, tensor.offset, data)
+        self.stats["writes"] += 1
+        self.stats["write_seconds"] += time.perf_counter() - start
 
     def copy(self, dst: WgpuTensor, src: WgpuTensor) -> None:
         """Within this device by a copy command; from another wgpu device through the host."""
@@ -162,10 +234,9 @@ class WgpuBackend:
     def synchronize(self) -> None:
         """Submit, then wait by reading a word (a read maps after all submitted work; wgpu 0.32's
         on_submitted_work_done_sync fails on its own callback's signature)."""
-        self.flush()
         if self._fence is None:
             self._fence = self._buffer(4)
-        self.device.queue.read_buffer(self._fence, 0, 4)
+        self._read(self._fence, 0, 4)  # (a map waits for the last submit using the buffer, so copy into it)
 
     def constant(self, binding: dict) -> WgpuTensor:
         """A Relax constant of a package, uploaded once."""
@@ -210,13 +281,20 @@ class WgpuBackend:
         start = time.perf_counter()
         if self._pass is None:
             self._pass = self._encoding().begin_compute_pass()
-        compute = self._pass
-        for d in dispatches:
-            compute.set_pipeline(d.pipeline)
-            compute.set_bind_group(0, d.bind_group)
-            compute.dispatch_workgroups(*d.groups)
+            self._raw = _RawPass.of(self._pass)
+        if self._raw is not None:
+            self._raw.encode(dispatches)
+        else:
+            compute = self._pass
+            for d in dispatches:
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, d.bind_group)
+                compute.dispatch_workgroups(*d.groups)
         self.stats["dispatches"] += len(dispatches)
+        self._unsubmitted += len(dispatches)
         self.stats["encode_seconds"] += time.perf_counter() - start
+        if self._unsubmitted >= SUBMIT_EVERY:
+            self.flush()
 
     def _encoding(self):
         if self._encoder is None:
@@ -226,16 +304,19 @@ class WgpuBackend:
     def _end_pass(self) -> None:
         if self._pass is not None:
             self._pass.end()
-            self._pass = None
+            self._pass = self._raw = None
 
     def flush(self) -> None:
         """Submit what is encoded (nothing where nothing is)."""
         if self._encoder is None:
             return
+        start = time.perf_counter()
         self._end_pass()
         encoder, self._encoder = self._encoder, None
         self.device.queue.submit([encoder.finish()])
+        self._unsubmitted = 0
         self.stats["submits"] += 1
+        self.stats["submit_seconds"] += time.perf_counter() - start
 
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
         try:

@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("-peer", default="cpu", help="cpu (the host's exact kernels) or a GPU, e.g. cuda:0")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-prompt", type=int, default=32)
-    ap.add_argument("-reps", type=int, default=1)
+    ap.add_argument("-reps", type=int, default=1, help="0: only the counts (no rates, no peer)")
     ap.add_argument("-cache", default=None)
     ap.add_argument("-ctx", type=int, default=1024)
     ap.add_argument("-profile", action="store_true", help="cProfile the counted steps (top 18 by own time)")
@@ -91,23 +91,24 @@ def main() -> None:
     stats = vk.devices[args.device].backend.stats
     print(f"load on {args.device}: {load_s:.1f}s, of which {stats['pipelines']} pipelines created in "
           f"{stats['pipeline_seconds']:.2f}s (cold: wgpu offers no pipeline cache)")
-    peer = load(path, devices=args.peer, **common, **({"cpu_kernels": "exact"} if args.peer == "cpu" else {}))
-    host = peer if args.peer == "cpu" else load(path, devices="cpu", cpu_kernels="exact", **common)
-    prompt = list(range(4, 4 + args.prompt))
-    vk_tokens, host_tokens = greedy(vk, prompt, 16), greedy(host, prompt, 16)
-    vk_pp, vk_tg = rates(vk, args.prompt, args.n, args.reps)
-    peer_pp, peer_tg = rates(peer, args.prompt, args.n, args.reps)
-    print(f"pp{args.prompt}: {args.device} {vk_pp:.1f} tok/s, {args.peer} {peer_pp:.1f} tok/s")
-    print(f"tg{args.n}: {args.device} {vk_tg:.1f} tok/s ({1e3 / vk_tg:.2f} ms/token), {args.peer} {peer_tg:.1f} "
-          f"tok/s ({1e3 / peer_tg:.2f} ms/token), ratio {vk_tg / peer_tg:.3f}")
+    if args.reps:
+        peer = load(path, devices=args.peer, **common, **({"cpu_kernels": "exact"} if args.peer == "cpu" else {}))
+        host = peer if args.peer == "cpu" else load(path, devices="cpu", cpu_kernels="exact", **common)
+        prompt = list(range(4, 4 + args.prompt))
+        vk_tokens, host_tokens = greedy(vk, prompt, 16), greedy(host, prompt, 16)
+        vk_pp, vk_tg = rates(vk, args.prompt, args.n, args.reps)
+        peer_pp, peer_tg = rates(peer, args.prompt, args.n, args.reps)
+        print(f"pp{args.prompt}: {args.device} {vk_pp:.1f} tok/s, {args.peer} {peer_pp:.1f} tok/s")
+        print(f"tg{args.n}: {args.device} {vk_tg:.1f} tok/s ({1e3 / vk_tg:.2f} ms/token), {args.peer} {peer_tg:.1f} "
+              f"tok/s ({1e3 / peer_tg:.2f} ms/token), ratio {vk_tg / peer_tg:.3f}")
+        print(f"greedy tokens identical to the host's exact kernels (16): {vk_tokens == host_tokens}"
+              + ("" if vk_tokens == host_tokens else f" ({vk_tokens} vs {host_tokens})"))
     wall, per = counted_steps(vk, stats, args.n, args.profile)
     print(f"per decode token on {args.device} ({wall * 1e3:.2f} ms a step): "
           + ", ".join(f"{per[k]:.2f} {k}" for k in COUNTED))
     print("  host us per token: " + ", ".join(f"{k.replace('_seconds', '')} {per[k] * 1e6:.0f}" for k in TIMED)
           + f"; outside the device wait {(wall - per['wait_seconds']) * 1e6:.0f}"
           + f" ({per['encode_seconds'] / max(per['dispatches'], 1) * 1e6:.2f} us encoding a dispatch)")
-    print(f"greedy tokens identical to the host's exact kernels (16): {vk_tokens == host_tokens}"
-          + ("" if vk_tokens == host_tokens else f" ({vk_tokens} vs {host_tokens})"))
 
 
 if __name__ == "__main__":

@@ -213,6 +213,10 @@ def _program(func: relax.Function, mod: tvm.IRModule) -> dict:
     bindings = []
     for block in func.body.blocks:
         for b in block.bindings:
+            if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.call_tir"):
+                for arg in b.value.args[1].fields:  # (a constant argument, such as attention counters)
+                    if isinstance(arg, tvm.ir.expr.GenericConst) and arg not in ids:
+                        bindings.append({"id": value_id(arg), **_binding(arg, value_id, mod)})
             bindings.append({"id": value_id(b.var), **_binding(b.value, value_id, mod)})
     return {"params": params, "bindings": bindings, "output": _output(func.body.body, value_id)}
 
@@ -237,8 +241,8 @@ def _binding(value, value_id, mod: tvm.IRModule) -> dict:
         return {"op": "tuple", "args": [value_id(f) for f in value.fields]}
     if isinstance(value, relax.Var):
         return {"op": "alias", "arg": value_id(value)}
-    if isinstance(value, relax.Constant):
-        array = value.data.numpy()
+    if isinstance(value, tvm.ir.expr.GenericConst):
+        array = value.value.numpy()
         return {"op": "const", "dtype": str(array.dtype), "shape": list(array.shape), "values": array.ravel().tolist()}
     raise JitllmError(f"webgpu: cannot plan the Relax binding {value}")
 

@@ -102,6 +102,13 @@ class WebGpuTarget(KernelSet):
 
         return page_kernels(kind)
 
+    def embedding_kernel(self, wtype: str, vocab: int, hidden: int):
+        """The tied head's embedding row gather (lowering.EMBED_FUNCTION): prompts' rows, and the pipelined
+        decode step's row of the token the step before left on the device."""
+        from jitllm.lowering.kernels.webgpu.linear import TYPES, embedding_kernel
+
+        return embedding_kernel(wtype, vocab, hidden) if wtype in TYPES else None
+
     def argmax_kernel(self, vocab: int):
         from jitllm.lowering.kernels.webgpu.argmax import argmax_kernel
 

@@ -22,15 +22,24 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.config import BlockKind
-from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EXPORT_PAGES, IMPORT_PAGES, KERNEL_PACKAGE_FORMAT
+from jitllm.lowering import (
+    APPEND_FUNCTION,
+    ARGMAX_FUNCTION,
+    EMBED_FUNCTION,
+    EXPORT_PAGES,
+    IMPORT_PAGES,
+    KERNEL_PACKAGE_FORMAT,
+)
 from jitllm.lowering.targets.webgpu import WebGpuTarget
 from jitllm.runtime.backends.base import BackendCaps, Layout
 from jitllm.runtime.backends.wgpu_adapters import open_adapter
+from jitllm.runtime.backends.wgpu_graph import COPY, ENCODE, WgpuRecorder
 from jitllm.runtime.backends.wgpu_plan import Dispatch, HostFunction, Kernels, RelaxProgram
 from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
@@ -42,7 +51,9 @@ UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True)
 def make_device(choice, cpu_kernels: str, gpu_kernels: str) -> Device:
     """The registry's constructor. The webgpu target has one kernel family (exact), whatever -gpu-kernels says."""
     backend = WgpuBackend(choice.device.backend, choice.device.ordinal, choice.name, choice.device.unified)
-    return Device(choice.name, backend, WebGpuTarget(), choice.budget_bytes)
+    device = Device(choice.name, backend, WebGpuTarget(), choice.budget_bytes)
+    device.graphs = WgpuRecorder(backend)
+    return device
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +139,11 @@ class WgpuBackend:
         self._unsubmitted = 0
         self._readback = None
         self._fence = None
+        self._staging: dict[int, tuple[np.ndarray, object]] = {}
+        self._reads: list[tuple[np.ndarray, object, int]] = []
+        self.capturing: Callable[..., None] | None = None
+        """While a step is captured (wgpu_graph.WgpuRecorder): takes the dispatches and copies instead of
+        encoding them."""
         self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0,
                       "encode_seconds": 0.0, "buffers": 0, "writes": 0, "write_seconds": 0.0, "reads": 0,
                       "read_seconds": 0.0, "wait_seconds": 0.0, "submit_seconds": 0.0}
@@ -180,6 +196,39 @@ class WgpuBackend:
         self.stats["read_seconds"] += time.perf_counter() - start
         return data
 
+    def read_later(self, array: np.ndarray, tensor: WgpuTensor) -> None:
+        """Encode a copy of `tensor` into a mappable buffer kept for `array`; the array is filled by
+        `finish_reads` of the reads `take_reads` hands out (after the submit)."""
+        if tensor.offset % 4 or tensor.nbytes % 4:
+            array[...] = self.download(tensor)
+            return
+        kept = self._staging.get(id(array))
+        if kept is None or kept[0] is not array:
+            usage = self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST
+            kept = self._staging[id(array)] = (array, self._buffer(max(tensor.nbytes, 256), usage))
+        self._end_pass()
+        self._encoding().copy_buffer_to_buffer(tensor.buffer, tensor.offset, kept[1], 0, tensor.nbytes)
+        self._reads.append((array, kept[1], tensor.nbytes))
+
+    def take_reads(self) -> list[tuple[np.ndarray, object, int]]:
+        reads, self._reads = self._reads, []
+        return reads
+
+    def finish_reads(self, reads: list[tuple[np.ndarray, object, int]]) -> None:
+        """Map each read's buffer (waiting for the submit that copied into it) into its array."""
+        for array, buffer, nbytes in reads:
+            start = time.perf_counter()
+            buffer.map_sync(self.wgpu.MapMode.READ, 0, _padded(nbytes, 8))
+            waited = time.perf_counter()
+            try:
+                data = buffer.read_mapped(0, nbytes, copy=True)
+            finally:
+                buffer.unmap()
+            array.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+            self.stats["reads"] += 1
+            self.stats["wait_seconds"] += waited - start
+            self.stats["read_seconds"] += time.perf_counter() - start
+
     def write(self, tensor: WgpuTensor, array: np.ndarray) -> None:
         """Pending work is submitted first: the queue runs a write before anything submitted after it."""
         data = np.ascontiguousarray(array, dtype=tensor.dtype).reshape(-1).view(np.uint8)
@@ -207,6 +256,9 @@ class WgpuBackend:
             raise JitllmError(f"{self.device_name}: copy of {src.nbytes} bytes into {dst.nbytes}")
         if src.offset % 4 or dst.offset % 4 or src.nbytes % 4:
             self.write(dst, self.download(src))
+            return
+        if self.capturing is not None:
+            self.capturing(COPY, dst, src)
             return
         self._end_pass()
         self._encoding().copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, src.nbytes)
@@ -278,6 +330,9 @@ class WgpuBackend:
 
     def encode(self, dispatches: list[Dispatch]) -> None:
         """Dispatches into the open compute pass (one is begun where none is open)."""
+        if self.capturing is not None:
+            self.capturing(ENCODE, dispatches)
+            return
         start = time.perf_counter()
         if self._pass is None:
             self._pass = self._encoding().begin_compute_pass()
@@ -328,9 +383,9 @@ class WgpuBackend:
         kernels = Kernels(self, package["kernels"])
         functions = {name: HostFunction(name, spec, kernels) for name, spec in package["functions"].items()}
         main = RelaxProgram("main", package["programs"]["main"], functions, self)
-        argmax = functions.get(ARGMAX_FUNCTION)
+        embed, argmax = functions.get(EMBED_FUNCTION), functions.get(ARGMAX_FUNCTION)
         if not page_kernels:
-            return Program(main, None, None, None, None, argmax)
+            return Program(main, None, None, None, embed, argmax)
         return Program(main, *(functions[name] for name in (APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES)),
-                       None, argmax)
+                       embed, argmax)
 

@@ -216,3 +216,36 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
     absent = {1: {"d", "mn"}, 2: {"mn"}, 3: set()}[len(shapes)]  # (the parameters this format has not)
     absent |= {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
     return symbol, without_params(f, absent).with_attr("global_symbol", symbol)
+
+
+EMBED_THREADS = 64
+
+
+def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx.PrimFunc]:
+    """ids [1, n] (int32) -> x [1, n, hidden] (f32): rows of the tied head's [vocab, hidden] weights (its
+    parts as the linears read them, quant bytes as words), dequantized as the host's lookup does
+    (core/quant.dequantize_rows). One thread per value; a pipelined decode step gathers its token's row
+    here (the token the step before left on the device), and a prompt its rows."""
+    symbol = f"jl_wgsl_embedding_{wtype}_{vocab}x{hidden}"
+    g, nb = vocab // R, hidden // QUANT_BLOCK
+    n = tirx.Var("n", "int32")
+    ids = te.placeholder((_i32(1), n), "int32", name="ids")
+    parts = weight_parts(wtype, g, nb, hidden, lambda name, shape, dtype: te.placeholder([_i32(v) for v in shape],
+                                                                                         dtype, name=name))
+    x = te.compute((_i32(1), n, _i32(hidden)),
+                   lambda b, t, c: weight_value(wtype, parts, ids[b, t] // R, ids[b, t] % R, c), name="x")
+    func = te.create_prim_func([ids, *parts, x])
+    return symbol, _schedule_elementwise(func, "x").with_attr("global_symbol", symbol)
+
+
+def _schedule_elementwise(func: tvm.tirx.PrimFunc, block: str) -> tvm.tirx.PrimFunc:
+    """One thread per element of `block`'s output, EMBED_THREADS to a workgroup."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    b = sch.get_sblock(block)
+    fused = sch.fuse(*sch.get_loops(b))
+    outer, inner = sch.split(fused, [None, EMBED_THREADS])
+    sch.bind(outer, "blockIdx.x")
+    sch.bind(inner, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)

@@ -87,6 +87,12 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     assert stats["reads"] - recorded["reads"] == 3  # (the logits, through the kept mappable buffer)
     assert (stats["pipelines"], stats["bind_groups"], stats["buffers"]) == (
         recorded["pipelines"], recorded["bind_groups"], recorded["buffers"])
+    *_, token = ex.greedy_tokens(session, token, 3)  # (pipelined: captures its two slots' steps)
+    before = dict(stats)
+    assert len(list(ex.greedy_tokens(session, token, 3))) == 3
+    assert any("pipelined" in key for key in ex._graphs)
+    assert (stats["submits"] - before["submits"], stats["reads"] - before["reads"]) == (3, 3)  # (the token alone)
+    assert stats["dispatches"] - before["dispatches"] == 3 * (step + 2)  # (and the embedding gather, the pick)
 
 
 def test_decode_attention_past_one_chunk_of_history_gives_the_hosts_logits(vulkan, tiny_model, cache_dir):

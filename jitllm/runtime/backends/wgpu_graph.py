@@ -99,9 +99,19 @@ class WgpuRecorder:
 
 
 def _merged(ops: list[tuple]) -> list[tuple]:
-    """Consecutive dispatch lists as one list."""
-    out: list[tuple] = []
+    """The writes first where no dispatch before them binds what they write (a write submits the work
+    encoded before it, as the queue would run the write first), then consecutive dispatch lists as one
+    list: a pipelined step's embedding gather comes before its inputs are written."""
+    bound: set = set()
+    writes, rest = [], []
+    hoisting = True  # (while only dispatches not binding the written buffers came before)
     for op in ops:
+        if op[0] == _ENCODE:
+            bound.update(*(d.buffers for d in op[1]))
+        hoisting = hoisting and op[0] in (_ENCODE, _WRITE) and (op[0] == _ENCODE or op[1].buffer.uid not in bound)
+        (writes if hoisting and op[0] == _WRITE else rest).append(op)
+    out: list[tuple] = []
+    for op in writes + rest:
         if op[0] == _ENCODE and out and out[-1][0] == _ENCODE:
             out[-1] = (_ENCODE, out[-1][1] + op[1], None)
         else:

@@ -329,10 +329,20 @@ class WgpuBackend:
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def encode(self, dispatches: list[Dispatch]) -> None:
-        """Dispatches into the open compute pass (one is begun where none is open)."""
+        """Dispatches into the open compute pass (one is begun where none is open), submitted every
+        SUBMIT_EVERY dispatches."""
         if self.capturing is not None:
             self.capturing(ENCODE, dispatches)
             return
+        at = 0
+        while at < len(dispatches):
+            part = dispatches[at:at + SUBMIT_EVERY - self._unsubmitted]
+            self._encode(part)
+            at += len(part)
+            if self._unsubmitted >= SUBMIT_EVERY:
+                self.flush()
+
+    def _encode(self, dispatches: list[Dispatch]) -> None:
         start = time.perf_counter()
         if self._pass is None:
             self._pass = self._encoding().begin_compute_pass()
@@ -348,8 +358,6 @@ class WgpuBackend:
         self.stats["dispatches"] += len(dispatches)
         self._unsubmitted += len(dispatches)
         self.stats["encode_seconds"] += time.perf_counter() - start
-        if self._unsubmitted >= SUBMIT_EVERY:
-            self.flush()
 
     def _encoding(self):
         if self._encoder is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -132,6 +133,7 @@ class WgpuBackend:
         self.device_name = device_name
         self.alignment = int(self.device.limits["min-storage-buffer-offset-alignment"])
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        self.mappable = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
         self._pipelines: dict[tuple[str, str], object] = {}
         self._encoder = None
         self._pass = None
@@ -139,7 +141,7 @@ class WgpuBackend:
         self._unsubmitted = 0
         self._readback = None
         self._fence = None
-        self._staging: dict[int, tuple[np.ndarray, object]] = {}
+        self._staging: dict[int, object] = {}
         self._reads: list[tuple[np.ndarray, object, int]] = []
         self.capturing: Callable[..., None] | None = None
         """While a step is captured (wgpu_graph.WgpuRecorder): takes the dispatches and copies instead of
@@ -181,7 +183,7 @@ class WgpuBackend:
         if self._readback is None or self._readback.size < size:
             if self._readback is not None:
                 self._readback.destroy()
-            self._readback = self._buffer(max(size, 256), self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+            self._readback = self._buffer(max(size, 256), self.mappable)
         self._end_pass()
         self._encoding().copy_buffer_to_buffer(buffer, offset, self._readback, 0, size)
         self.flush()
@@ -202,13 +204,13 @@ class WgpuBackend:
         if tensor.offset % 4 or tensor.nbytes % 4:
             array[...] = self.download(tensor)
             return
-        kept = self._staging.get(id(array))
-        if kept is None or kept[0] is not array:
-            usage = self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST
-            kept = self._staging[id(array)] = (array, self._buffer(max(tensor.nbytes, 256), usage))
+        buffer = self._staging.get(id(array))
+        if buffer is None:  # (kept while the array lives: a session's host arrays go with it)
+            buffer = self._staging[id(array)] = self._buffer(max(tensor.nbytes, 256), self.mappable)
+            weakref.finalize(array, self._staging.pop, id(array), None)
         self._end_pass()
-        self._encoding().copy_buffer_to_buffer(tensor.buffer, tensor.offset, kept[1], 0, tensor.nbytes)
-        self._reads.append((array, kept[1], tensor.nbytes))
+        self._encoding().copy_buffer_to_buffer(tensor.buffer, tensor.offset, buffer, 0, tensor.nbytes)
+        self._reads.append((array, buffer, tensor.nbytes))
 
     def take_reads(self) -> list[tuple[np.ndarray, object, int]]:
         reads, self._reads = self._reads, []

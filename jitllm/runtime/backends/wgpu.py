@@ -11,9 +11,10 @@ encoder, and maps that: a decode step (its inputs written first, its token read 
 SUBMIT_EVERY dispatches and one small map, creating nothing.
 
 Replayed dispatches are encoded through wgpu-native's C functions directly (`_RawPass`): wgpu-py wraps
-every call in Python error capture (and set_bind_group allocates), ~5 us of a dispatch's ~6 on the H200's
-host (DESIGN.md §3) against ~1 us raw on this machine; an invalid command still fails the encoder's
-`finish`, which goes through wgpu-py. Metal goes through the same code; it has not been run (no Mac here).
+every call in Python error capture (and set_bind_group allocates): ~6 us a dispatch on the H200's host
+(DESIGN.md §3), 4.1-4.3 us on the development machine against 1.2-1.7 us raw; an invalid command still
+fails the encoder's `finish`, which goes through wgpu-py. Decode steps are captured and replayed as one
+list (wgpu_graph.py). Metal goes through the same code; it has not been run (no Mac here).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class WgpuTensor:
 
 
 SUBMIT_EVERY = 64
-"""Dispatches encoded between submits: a decode step of SmolLM2's 30 blocks (~210 dispatches) is four
-submits, whose first starts the device while the host still encodes (a submit costs ~60 us on the H200's
+"""Dispatches encoded between submits: a decode step of SmolLM2's 30 blocks (153 dispatches) is three
+submits, the first starting the device while the host still encodes (a submit costs ~60 us on the H200's
 host, DESIGN.md §3; encoding 64 dispatches more than that)."""
 
 

@@ -46,8 +46,8 @@ from jitllm.runtime.backends.wgpu_plan import Dispatch, HostFunction, Kernels, R
 from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
 
-CAPS = BackendCaps("wgpu")
-UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True)
+CAPS = BackendCaps("wgpu", captured_steps=True)
+UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True, captured_steps=True)
 
 
 def make_device(choice, cpu_kernels: str, gpu_kernels: str) -> Device:

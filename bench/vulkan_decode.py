@@ -1,35 +1,69 @@
-"""Decode and prefill through Vulkan (the webgpu target on wgpu) beside the host's exact kernels in the same
-run, with what the issue's lever is: dispatches and host encode time per decode token, submits per token,
-and the cold cost of creating the pipelines.
+"""Decode and prefill through Vulkan (the webgpu target on wgpu) beside a peer device (the host's exact
+kernels, or CUDA on the same card) in the same run, with what a decode token costs the host: dispatches,
+submits, queue writes, reads (and their wait for the device), buffers and bind groups created, and the
+host microseconds per token spent encoding, submitting, writing and outside the device wait.
 
-    python bench/vulkan_decode.py [MODEL.jlm] [-device vulkan:0] [-n 16] [-prompt 32]
+    python3 bench/vulkan_decode.py [MODEL.jlm] [-preset smollm2-135m -wtype q4_1] [-device vulkan:0]
+                                   [-peer cpu|cuda:0] [-n 128] [-prompt 32] [-reps 3] [-cache DIR] [-profile]
 
-Without MODEL, a random `tiny` q4_1 model. On lavapipe (Mesa's CPU Vulkan) the figures are CPU-emulated
-Vulkan, a correctness vehicle, not a GPU's speed.
+Without MODEL, a random-weight model of `-preset`/`-wtype` (default: tiny q4_1). tg is `jitllm speed`'s
+code path (Executor.greedy_tokens, median of -reps); the counts come from -n further greedy steps. On
+lavapipe the device runs inside the submit (so "submit" holds the device time there, not "wait").
+Greedy tokens are compared with the host's exact kernels (the first 16). On lavapipe (Mesa's CPU Vulkan)
+kernel times are CPU emulation; the host-side counts and microseconds are real.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import tempfile
 import time
 from pathlib import Path
 
-def decode(model, prompt: list[int], steps: int, stats: dict | None = None) -> tuple[float, float, list[int], dict]:
-    """(prefill seconds, decode tokens/s, tokens, what `stats` counted over the decode steps) of greedy
-    steps picked by the executor."""
+COUNTED = ("dispatches", "submits", "writes", "reads", "buffers", "bind_groups", "pipelines")
+TIMED = ("encode_seconds", "submit_seconds", "write_seconds", "read_seconds", "wait_seconds")
+
+
+def greedy(model, prompt: list[int], steps: int) -> list[int]:
     ex = model.executor
     session = ex.new_session()
-    start = time.perf_counter()
     token = ex.next_token(session, prompt)
-    prefill = time.perf_counter() - start
-    tokens = [token, ex.next_token(session, [token])]  # (the session's first step records its dispatches)
-    before = dict(stats or {})
+    tokens = [token, *ex.greedy_tokens(session, token, steps - 1)]
+    ex.close_session(session)
+    return tokens
+
+
+def rates(model, prompt: int, n: int, reps: int) -> tuple[float, float]:
+    """(pp tokens/s, tg tokens/s) as `jitllm speed` measures them (medians of `reps`)."""
+    from jitllm.speed import decode_speed, prefill_speed
+
+    return prefill_speed(model, prompt, reps).median, decode_speed(model, n, reps).median
+
+
+def counted_steps(model, stats: dict, n: int, profile: bool) -> tuple[float, dict]:
+    """(seconds per step, what `stats` counted per step) over `n` greedy decode steps (tg's code path,
+    pipelined where the model allows), after a warm run that captures the steps."""
+    ex = model.executor
+    session = ex.new_session()
+    token = ex.next_token(session, list(range(4, 20)))
+    *_, token = ex.greedy_tokens(session, token, 4)  # (the session's first steps record and capture)
+    before = dict(stats)
+    profiler = cProfile.Profile() if profile else None
     start = time.perf_counter()
-    for _ in range(steps):
-        tokens.append(ex.next_token(session, [tokens[-1]]))
-    rate = steps / (time.perf_counter() - start)
-    return prefill, rate, tokens, {k: v - before[k] for k, v in (stats or {}).items()}
+    if profiler:
+        profiler.enable()
+    for _ in ex.greedy_tokens(session, token, n):
+        pass
+    if profiler:
+        profiler.disable()
+    wall = (time.perf_counter() - start) / n
+    ex.close_session(session)
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+    return wall, {k: (stats[k] - before[k]) / n for k in COUNTED + TIMED}
+
 
 def main() -> None:
     from jitllm.model import load
@@ -37,33 +71,46 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
+    ap.add_argument("-preset", default="tiny")
+    ap.add_argument("-wtype", default="q4_1")
     ap.add_argument("-device", default="vulkan:0")
-    ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("-peer", default="cpu", help="cpu (the host's exact kernels) or a GPU, e.g. cuda:0")
+    ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-prompt", type=int, default=32)
+    ap.add_argument("-reps", type=int, default=1, help="0: only the counts (no rates, no peer)")
     ap.add_argument("-cache", default=None)
+    ap.add_argument("-ctx", type=int, default=1024)
+    ap.add_argument("-profile", action="store_true", help="cProfile the counted steps (top 18 by own time)")
     args = ap.parse_args()
-    path = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "tiny.jlm"
+    path = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / f"{args.preset}-{args.wtype}.jlm"
     if not args.model:
-        write_random_model(path, "tiny", "q4_1", seed=1)
-    prompt = list(range(4, 4 + args.prompt))
+        write_random_model(path, args.preset, args.wtype, seed=1)
+    common = dict(cache_dir=args.cache, ctx=args.ctx)
     start = time.perf_counter()
-    vk = load(path, devices=args.device, cache_dir=args.cache, no_gpu_fallback=True, ctx=512)
+    vk = load(path, devices=args.device, no_gpu_fallback=True, **common)
     load_s = time.perf_counter() - start
     stats = vk.devices[args.device].backend.stats
     print(f"load on {args.device}: {load_s:.1f}s, of which {stats['pipelines']} pipelines created in "
           f"{stats['pipeline_seconds']:.2f}s (cold: wgpu offers no pipeline cache)")
-    host = load(path, devices="cpu", cpu_kernels="exact", cache_dir=args.cache, ctx=512)
-    vk_prefill, vk_tps, vk_tokens, counted = decode(vk, prompt, args.n, stats)
-    host_prefill, host_tps, host_tokens, _ = decode(host, prompt, args.n)
-    dispatches = counted["dispatches"]
-    print(f"prefill {args.prompt} tokens: {args.device} {vk_prefill * 1e3:.0f} ms, host {host_prefill * 1e3:.0f} ms")
-    print(f"decode: {args.device} {vk_tps:.1f} tok/s, host exact {host_tps:.1f} tok/s, ratio {vk_tps / host_tps:.2f}")
-    print(f"per decode token: {counted['submits'] / args.n:.2f} submits, {dispatches / args.n:.0f} dispatches, "
-          f"{counted['encode_seconds'] / args.n * 1e6:.0f} us encoding them "
-          f"({counted['encode_seconds'] / max(dispatches, 1) * 1e6:.1f} us per dispatch), "
-          f"{counted['bind_groups'] + counted['pipelines']} bind groups or pipelines created in all")
-    print(f"tokens identical to the host's: {vk_tokens == host_tokens}"
-          + ("" if vk_tokens == host_tokens else f" ({vk_tokens} vs {host_tokens})"))
+    if args.reps:
+        peer = load(path, devices=args.peer, **common, **({"cpu_kernels": "exact"} if args.peer == "cpu" else {}))
+        host = peer if args.peer == "cpu" else load(path, devices="cpu", cpu_kernels="exact", **common)
+        prompt = list(range(4, 4 + args.prompt))
+        vk_tokens, host_tokens = greedy(vk, prompt, 16), greedy(host, prompt, 16)
+        vk_pp, vk_tg = rates(vk, args.prompt, args.n, args.reps)
+        peer_pp, peer_tg = rates(peer, args.prompt, args.n, args.reps)
+        print(f"pp{args.prompt}: {args.device} {vk_pp:.1f} tok/s, {args.peer} {peer_pp:.1f} tok/s")
+        print(f"tg{args.n}: {args.device} {vk_tg:.1f} tok/s ({1e3 / vk_tg:.2f} ms/token), {args.peer} {peer_tg:.1f} "
+              f"tok/s ({1e3 / peer_tg:.2f} ms/token), ratio {vk_tg / peer_tg:.3f}")
+        print(f"greedy tokens identical to the host's exact kernels (16): {vk_tokens == host_tokens}"
+              + ("" if vk_tokens == host_tokens else f" ({vk_tokens} vs {host_tokens})"))
+    wall, per = counted_steps(vk, stats, args.n, args.profile)
+    print(f"per decode token on {args.device} ({wall * 1e3:.2f} ms a step): "
+          + ", ".join(f"{per[k]:.2f} {k}" for k in COUNTED))
+    print("  host us per token: " + ", ".join(f"{k.replace('_seconds', '')} {per[k] * 1e6:.0f}" for k in TIMED)
+          + f"; outside the device wait {(wall - per['wait_seconds']) * 1e6:.0f}"
+          + f" ({per['encode_seconds'] / max(per['dispatches'], 1) * 1e6:.2f} us encoding a dispatch)")
+
 
 if __name__ == "__main__":
     main()

@@ -79,7 +79,7 @@ def build_package(mod: tvm.IRModule, target: tvm.target.Target) -> dict:
         (device if conv is not None and int(conv) == DEVICE_KERNEL_LAUNCH else host)[gv] = func
     kernels = _kernels(tvm.IRModule(device), target)
     functions = {gv.name_hint: _host_function(f, kernels) for gv, f in host.items()}
-    programs = {gv.name_hint: _program(f) for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    programs = {gv.name_hint: _program(f, mod) for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
     return {"format": KERNEL_PACKAGE_FORMAT, "kernels": kernels, "functions": functions, "programs": programs}
 
 
@@ -197,7 +197,7 @@ def _launch(call: tvm.ir.Call, data_of: dict, kernels: dict) -> list:
     return ["launch", name, bound, [expr_tree(p) for p in pods], [expr_tree(g) for g in grid]]
 
 
-def _program(func: relax.Function) -> dict:
+def _program(func: relax.Function, mod: tvm.IRModule) -> dict:
     """A Relax function's params [{shape, dtype}] and bindings [{op, ...}] over numbered values."""
     ids: dict = {}
 
@@ -213,16 +213,22 @@ def _program(func: relax.Function) -> dict:
     bindings = []
     for block in func.body.blocks:
         for b in block.bindings:
-            bindings.append({"id": value_id(b.var), **_binding(b.value, value_id)})
+            if isinstance(b.value, relax.Call) and b.value.op == tvm.ir.Op.get("relax.call_tir"):
+                for arg in b.value.args[1].fields:  # (a constant argument, such as attention counters)
+                    if isinstance(arg, tvm.ir.expr.GenericConst) and arg not in ids:
+                        bindings.append({"id": value_id(arg), **_binding(arg, value_id, mod)})
+            bindings.append({"id": value_id(b.var), **_binding(b.value, value_id, mod)})
     return {"params": params, "bindings": bindings, "output": _output(func.body.body, value_id)}
 
 
-def _binding(value, value_id) -> dict:
+def _binding(value, value_id, mod: tvm.IRModule) -> dict:
     if isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_tir"):
         callee, args = value.args[0], value.args[1]
         if len(value.args) > 2:
             raise JitllmError(f"webgpu: call_tir with shape arguments is not planned ({callee.name_hint})")
         out = value.ty_args[0]
+        if _is_reshape(mod[callee], args, out):  # (one RewriteDataflowReshape leaves: the function's output)
+            return {"op": "reshape", "arg": value_id(args.fields[0]), "shape": [expr_tree(d) for d in out.shape.values]}
         outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
         return {"op": "call", "function": callee.name_hint, "args": [value_id(a) for a in args.fields],
                 "outs": [{"shape": [expr_tree(d) for d in o.shape.values], "dtype": str(o.dtype)} for o in outs],
@@ -235,10 +241,30 @@ def _binding(value, value_id) -> dict:
         return {"op": "tuple", "args": [value_id(f) for f in value.fields]}
     if isinstance(value, relax.Var):
         return {"op": "alias", "arg": value_id(value)}
-    if isinstance(value, relax.Constant):
-        array = value.data.numpy()
+    if isinstance(value, tvm.ir.expr.GenericConst):
+        array = value.value.numpy()
         return {"op": "const", "dtype": str(array.dtype), "shape": list(array.shape), "values": array.ravel().tolist()}
     raise JitllmError(f"webgpu: cannot plan the Relax binding {value}")
+
+
+def _is_reshape(callee, args: relax.Tuple, out) -> bool:
+    """Whether a call_tir only copies its one argument into an output of the same type and element
+    count in the same order (a legalized reshape): then it is planned as a view, not a dispatch."""
+    if len(args.fields) != 1 or isinstance(out, relax.TupleType) or not isinstance(callee, tirx.PrimFunc):
+        return False
+    src = args.fields[0].ty
+    return (str(src.dtype) == str(out.dtype) and _count(src.shape.values) == _count(out.shape.values)
+            and relax.analysis.has_reshape_pattern(callee))
+
+
+def _count(dims) -> int | None:
+    """The element count of static dims (None where any is symbolic)."""
+    n = 1
+    for d in dims:
+        if not isinstance(d, tirx.IntImm):
+            return None
+        n *= int(d)
+    return n
 
 
 def _output(body, value_id) -> int | list:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -77,8 +78,13 @@ def _static_shape(param) -> list[int]:
 
 def _call_kernel(bb: relax.BlockBuilder, symbol: str, func: tvm.tirx.PrimFunc, args: list[relax.Expr]) -> relax.Expr:
     """call_tir of a kernel with static shapes: each argument reshaped to the kernel's own buffer shape
-    where it differs (a view, no copy); the parameters after the arguments are its float32 outputs."""
-    shaped = [a if _static_shape(p) == [int(d) for d in a.ty.shape.values] else
+    where it differs (a view, no copy), but not one the kernel reads as wider elements (WGSL's quant bytes
+    as words: fewer of them, and the runtime binds the bytes as they are); the parameters after the
+    arguments are its float32 outputs."""
+    def same_count(p, a) -> bool:
+        return int(np.prod(_static_shape(p))) == int(np.prod([int(d) for d in a.ty.shape.values]))
+
+    shaped = [a if _static_shape(p) == [int(d) for d in a.ty.shape.values] or not same_count(p, a) else
               bb.emit(relax.op.reshape(a, _static_shape(p))) for p, a in zip(func.params, args)]
     outs = [relax.TensorType(_static_shape(p), "float32") for p in func.params[len(args):]]
     return bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), shaped, outs[0] if len(outs) == 1 else outs))

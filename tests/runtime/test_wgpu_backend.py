@@ -78,15 +78,33 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     token = int(np.argmax(ex.forward(session, [token])))  # (the first decode step records)
     recorded = dict(stats)
     step = recorded["dispatches"] - prefilled["dispatches"]
-    assert recorded["submits"] - prefilled["submits"] == 1 and step > 0
+    assert recorded["submits"] - prefilled["submits"] == 1
+    assert step == 5 * len(ex.blocks) + 1  # (a block: norm+QKV, rotary+append+attention, O+add, norm+gate/up, down)
     for _ in range(3):
         token = int(np.argmax(ex.forward(session, [token])))
     assert stats["submits"] - recorded["submits"] == 3
     assert stats["dispatches"] - recorded["dispatches"] == 3 * step
-    assert (stats["pipelines"], stats["bind_groups"]) == (recorded["pipelines"], recorded["bind_groups"])
+    assert stats["reads"] - recorded["reads"] == 3  # (the logits, through the kept mappable buffer)
+    assert (stats["pipelines"], stats["bind_groups"], stats["buffers"]) == (
+        recorded["pipelines"], recorded["bind_groups"], recorded["buffers"])
+    *_, token = ex.greedy_tokens(session, token, 3)  # (pipelined: captures its two slots' steps)
+    before = dict(stats)
+    assert len(list(ex.greedy_tokens(session, token, 3))) == 3
+    assert any("pipelined" in key for key in ex._graphs)
+    assert (stats["submits"] - before["submits"], stats["reads"] - before["reads"]) == (3, 3)  # (the token alone)
+    assert stats["dispatches"] - before["dispatches"] == 3 * (step + 2)  # (and the embedding gather, the pick)
 
 
-@pytest.mark.parametrize("wtype", ["f32", "f16", "q4_0"])  # (q4_1: the tiny model; q8_0: the kernel test below)
+def test_decode_attention_past_one_chunk_of_history_gives_the_hosts_logits(vulkan, tiny_model, cache_dir):
+    """The decode attention scores 128 positions a chunk (kernels/webgpu/attention.NT): steps whose history
+    crosses into the second chunk."""
+    prompt = [4 + i % 250 for i in range(126)]
+    host = load(tiny_model, devices="cpu", ctx=160, cache_dir=cache_dir, cpu_kernels="exact")
+    on_vulkan = load(tiny_model, devices=vulkan, ctx=160, cache_dir=cache_dir, no_gpu_fallback=True)
+    _close(stepwise_logits(host, prompt, {}, 4), stepwise_logits(on_vulkan, prompt, {}, 4))
+
+
+@pytest.mark.parametrize("wtype", ["f32", "f16", "q4_0", "q8_0"])  # (q4_1: the tiny model)
 def test_each_weight_type_on_vulkan_gives_the_hosts_logits(vulkan, wtype, tmp_path, cache_dir):
     path = tmp_path / f"tiny-{wtype}.jlm"
     write_random_model(path, "tiny", wtype, seed=2)

@@ -3,10 +3,11 @@
 (lowering/kernel_package.py): every kernel's WGSL and the launch plan a small Python runtime follows.
 
 Kernels: linears over quant words (kernels/webgpu/linear.py: prefill scheduled by dlight, decode matvecs
-hand-written), the SIMT
-paged attention, KV append and page kernels shared with CUDA (kernels/cuda/basic.py, pages.py; int32
-indices after ForceNarrowIndexToInt32), the greedy pick (kernels/webgpu/argmax.py); norms, RoPE and SwiGLU
-are the graph's own ops, legalized and scheduled by dlight.
+hand-written with the norm, SwiGLU and residual add folded in), the decode attention with its KV append
+and rotary embedding (kernels/webgpu/attention.py), the SIMT prefill attention, rotary, KV append and page
+kernels shared with CUDA (kernels/cuda/basic.py, pages.py; int32 indices after ForceNarrowIndexToInt32),
+the greedy pick (kernels/webgpu/argmax.py); prefill norms and SwiGLU are the graph's own ops, legalized
+and scheduled by dlight.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ class WebGpuTarget(KernelSet):
     """Capabilities: Q/K/V and gate/up stacked (one dispatch each, and the layout the host and CUDA use,
     so a move is one copy of a block's weights); int32 indexing; a batch-1, seq-1 decode variant of each
     kind, whose linears have one static row (a matvec of its own, kernels/webgpu/linear.gemv_kernel, where
-    the general kind's matmul schedule pads the row to a 32-row tile) and whose head picks the greedy token
-    on the device.
-    The runtime appends a decode step's K and V after its `main` (no fused append yet)."""
+    the general kind's matmul schedule pads the row to a 32-row tile, with the norm / SwiGLU / residual
+    folded in), whose attention appends the step's K and V itself (no append dispatch after `main`), and
+    whose head picks the greedy token on the device: five dispatches a llama block."""
 
     name = "webgpu"
-    caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, index_bits=32)
+    caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, decode_appends_kv=True,
+                      index_bits=32)
     sources = ("targets/webgpu.py", "kernels/webgpu", "kernels/cuda/basic.py", "kernels/cuda/pages.py",
                "kernels/formats.py")
 
@@ -55,10 +57,40 @@ class WebGpuTarget(KernelSet):
 
         return linear_kernel(wtype, n, k, rows)
 
+    def folded_linear_kernel(self, family: str, wtype: str, n: int, k: int, eps: float = 0.0):
+        """Decode matvecs with their norm / SwiGLU / residual add in the same kernel (jitllm.ir.ops): one
+        dispatch where the parts took three (x², the norm, the matvec) or two."""
+        from jitllm.lowering.kernels.webgpu.linear import TYPES, gemv_kernel
+
+        return gemv_kernel(wtype, n, k, family, eps) if wtype in TYPES else None
+
+    def rotary_kernel(self, kind):
+        """RotaryQKV as one kernel (CUDA's SIMT one, shared): one dispatch where the parts took three."""
+        from jitllm.lowering.kernels.cuda.basic import rotary_kernel
+
+        return rotary_kernel(kind)
+
     def attention_kernel(self, kind):
         from jitllm.lowering.kernels.cuda.basic import attention_kernel
 
         return attention_kernel(kind)
+
+    def split_attention_kernel(self, kind, rotary: bool = False):
+        """Decode variants: one kernel for the step's attention, its KV append and (`rotary`) the rotary
+        embedding (kernels/webgpu/attention.py; CUDA's split attention needs atomics and shuffles)."""
+        from jitllm.lowering.kernels.webgpu.attention import decode_attention_kernel
+
+        return decode_attention_kernel(kind, rotary)
+
+    def attention_workspace_shape(self, kind):
+        from jitllm.lowering.kernels.webgpu.attention import workspace_shape
+
+        return workspace_shape(kind)
+
+    def attention_counters(self, kind):
+        from jitllm.lowering.kernels.webgpu.attention import arrival_counters
+
+        return arrival_counters(kind)
 
     def append_kernel(self, kind):
         from jitllm.lowering.kernels.cuda.basic import append_kernel
@@ -69,6 +101,13 @@ class WebGpuTarget(KernelSet):
         from jitllm.lowering.kernels.cuda.pages import page_kernels
 
         return page_kernels(kind)
+
+    def embedding_kernel(self, wtype: str, vocab: int, hidden: int):
+        """The tied head's embedding row gather (lowering.EMBED_FUNCTION): prompts' rows, and the pipelined
+        decode step's row of the token the step before left on the device."""
+        from jitllm.lowering.kernels.webgpu.linear import TYPES, embedding_kernel
+
+        return embedding_kernel(wtype, vocab, hidden) if wtype in TYPES else None
 
     def argmax_kernel(self, vocab: int):
         from jitllm.lowering.kernels.webgpu.argmax import argmax_kernel

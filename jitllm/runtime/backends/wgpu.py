@@ -3,39 +3,59 @@ storage buffers (a view is a buffer, a byte offset and a shape), artifacts are t
 packages, run by backends/wgpu_plan.py.
 
 Work is encoded, not submitted, as it comes: consecutive dispatches share one compute pass, buffer copies
-end the pass and stay in the same command encoder, and the encoder is submitted only when the host needs
-the queue (a write, which the queue would otherwise run before the unsubmitted work, or a read) or waits
-for it. A decode step (its inputs written first, its token or logits read last) is therefore one submit
-whatever its number of blocks. Metal goes through the same code; it has not been run (no Mac here).
+end the pass and stay in the same command encoder, and the encoder is submitted when the host needs the
+queue (a write, which the queue would otherwise run before the unsubmitted work, or a read), waits for it,
+or has encoded SUBMIT_EVERY dispatches since the last submit (so the device starts on a long step's first
+blocks while the host encodes the rest). A read copies into a mappable buffer kept for it, in the same
+encoder, and maps that: a decode step (its inputs written first, its token read last) is one submit per
+SUBMIT_EVERY dispatches and one small map, creating nothing.
+
+Replayed dispatches are encoded through wgpu-native's C functions directly (`_RawPass`): wgpu-py wraps
+every call in Python error capture (and set_bind_group allocates): ~6 us a dispatch on the H200's host
+(DESIGN.md §3), 4.1-4.3 us on the development machine against 1.2-1.7 us raw; an invalid command still
+fails the encoder's `finish`, which goes through wgpu-py. Decode steps are captured and replayed as one
+list (wgpu_graph.py). Metal goes through the same code; it has not been run (no Mac here).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.config import BlockKind
-from jitllm.lowering import APPEND_FUNCTION, ARGMAX_FUNCTION, EXPORT_PAGES, IMPORT_PAGES, KERNEL_PACKAGE_FORMAT
+from jitllm.lowering import (
+    APPEND_FUNCTION,
+    ARGMAX_FUNCTION,
+    EMBED_FUNCTION,
+    EXPORT_PAGES,
+    IMPORT_PAGES,
+    KERNEL_PACKAGE_FORMAT,
+)
 from jitllm.lowering.targets.webgpu import WebGpuTarget
 from jitllm.runtime.backends.base import BackendCaps, Layout
 from jitllm.runtime.backends.wgpu_adapters import open_adapter
+from jitllm.runtime.backends.wgpu_graph import COPY, ENCODE, WgpuRecorder
 from jitllm.runtime.backends.wgpu_plan import Dispatch, HostFunction, Kernels, RelaxProgram
 from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
 
-CAPS = BackendCaps("wgpu")
-UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True)
+CAPS = BackendCaps("wgpu", captured_steps=True)
+UNIFIED_CAPS = BackendCaps("wgpu", unified_memory=True, captured_steps=True)
 
 
 def make_device(choice, cpu_kernels: str, gpu_kernels: str) -> Device:
     """The registry's constructor. The webgpu target has one kernel family (exact), whatever -gpu-kernels says."""
     backend = WgpuBackend(choice.device.backend, choice.device.ordinal, choice.name, choice.device.unified)
-    return Device(choice.name, backend, WebGpuTarget(), choice.budget_bytes)
+    device = Device(choice.name, backend, WebGpuTarget(), choice.budget_bytes)
+    device.graphs = WgpuRecorder(backend)
+    return device
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +82,40 @@ class WgpuTensor:
         return WgpuTensor(self.buffer, self.offset + offset, tuple(int(d) for d in shape), dtype, self.backend)
 
 
+SUBMIT_EVERY = 64
+"""Dispatches encoded between submits: a decode step of SmolLM2's 30 blocks (153 dispatches) is three
+submits, the first starting the device while the host still encodes (a submit costs ~60 us on the H200's
+host, DESIGN.md §3; encoding 64 dispatches more than that)."""
+
+
+class _RawPass:
+    """set_pipeline / set_bind_group / dispatch of a compute pass through wgpu-native's C functions (see
+    the module docstring); None where this wgpu has not the names (then wgpu-py's own methods are used)."""
+
+    def __init__(self, compute) -> None:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+        self.handle, self.null = compute._internal, ffi.NULL
+        self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+
+    @classmethod
+    def of(cls, compute) -> "_RawPass | None":
+        try:
+            return cls(compute)
+        except (ImportError, AttributeError):
+            return None
+
+    def encode(self, dispatches: list) -> None:
+        handle, null = self.handle, self.null
+        set_pipeline, set_bind_group, dispatch = self.set_pipeline, self.set_bind_group, self.dispatch
+        for d in dispatches:
+            set_pipeline(handle, d.pipeline._internal)
+            set_bind_group(handle, 0, d.bind_group._internal, 0, null)
+            dispatch(handle, *d.groups)
+
+
 def _padded(n: int, to: int = 4) -> int:
     return max(to, -(-n // to) * to)
 
@@ -80,18 +134,30 @@ class WgpuBackend:
         self.device_name = device_name
         self.alignment = int(self.device.limits["min-storage-buffer-offset-alignment"])
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        self.mappable = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
         self._pipelines: dict[tuple[str, str], object] = {}
         self._encoder = None
         self._pass = None
+        self._raw = None
+        self._unsubmitted = 0
+        self._readback = None
         self._fence = None
+        self._staging: dict[int, object] = {}
+        self._reads: list[tuple[np.ndarray, object, int]] = []
+        self.capturing: Callable[..., None] | None = None
+        """While a step is captured (wgpu_graph.WgpuRecorder): takes the dispatches and copies instead of
+        encoding them."""
         self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0,
-                      "encode_seconds": 0.0}
-        """Counters: dispatches encoded (and the host seconds that took), submits, pipelines created (and the
-        seconds that took), bind groups made."""
+                      "encode_seconds": 0.0, "buffers": 0, "writes": 0, "write_seconds": 0.0, "reads": 0,
+                      "read_seconds": 0.0, "wait_seconds": 0.0, "submit_seconds": 0.0}
+        """Counters: dispatches encoded (and the host seconds that took), submits (and their seconds),
+        pipelines created (and the seconds that took), bind groups made, buffers created, queue writes (and
+        their seconds), reads (and their seconds, waiting for the device included; the map's wait alone)."""
 
     # -- memory ----------------------------------------------------------------------------------
-    def _buffer(self, nbytes: int):
-        return self.device.create_buffer(size=_padded(nbytes, 16), usage=self.usage)
+    def _buffer(self, nbytes: int, usage=None):
+        self.stats["buffers"] += 1
+        return self.device.create_buffer(size=_padded(nbytes, 16), usage=self.usage if usage is None else usage)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> WgpuTensor:
         """Zeroed (WebGPU clears new buffers): the attention reads every page a table lists."""
@@ -105,11 +171,66 @@ class WgpuBackend:
         return tensor
 
     def download(self, tensor: WgpuTensor) -> np.ndarray:
-        self.flush()
         start = tensor.offset - tensor.offset % 4
-        data = self.device.queue.read_buffer(tensor.buffer, start, _padded(tensor.offset - start + tensor.nbytes))
+        data = self._read(tensor.buffer, start, _padded(tensor.offset - start + tensor.nbytes))
         raw = np.frombuffer(data, np.uint8)[tensor.offset - start:tensor.offset - start + tensor.nbytes]
         return raw.view(tensor.dtype).reshape(tensor.shape).copy()
+
+    def _read(self, buffer, offset: int, size: int):
+        """`size` bytes at `offset` (both multiples of 4) of `buffer` after all work encoded so far: copied
+        into the mappable buffer kept for reads (grown to the largest read), in the pending encoder, which
+        is then submitted, and that buffer mapped (the wait for the device)."""
+        start = time.perf_counter()
+        if self._readback is None or self._readback.size < size:
+            if self._readback is not None:
+                self._readback.destroy()
+            self._readback = self._buffer(max(size, 256), self.mappable)
+        self._end_pass()
+        self._encoding().copy_buffer_to_buffer(buffer, offset, self._readback, 0, size)
+        self.flush()
+        waiting = time.perf_counter()
+        self._readback.map_sync(self.wgpu.MapMode.READ, 0, _padded(size, 8))
+        self.stats["wait_seconds"] += time.perf_counter() - waiting
+        try:
+            data = self._readback.read_mapped(0, size, copy=True)
+        finally:
+            self._readback.unmap()
+        self.stats["reads"] += 1
+        self.stats["read_seconds"] += time.perf_counter() - start
+        return data
+
+    def read_later(self, array: np.ndarray, tensor: WgpuTensor) -> None:
+        """Encode a copy of `tensor` into a mappable buffer kept for `array`; the array is filled by
+        `finish_reads` of the reads `take_reads` hands out (after the submit)."""
+        if tensor.offset % 4 or tensor.nbytes % 4:
+            array[...] = self.download(tensor)
+            return
+        buffer = self._staging.get(id(array))
+        if buffer is None:  # (kept while the array lives: a session's host arrays go with it)
+            buffer = self._staging[id(array)] = self._buffer(max(tensor.nbytes, 256), self.mappable)
+            weakref.finalize(array, self._staging.pop, id(array), None)
+        self._end_pass()
+        self._encoding().copy_buffer_to_buffer(tensor.buffer, tensor.offset, buffer, 0, tensor.nbytes)
+        self._reads.append((array, buffer, tensor.nbytes))
+
+    def take_reads(self) -> list[tuple[np.ndarray, object, int]]:
+        reads, self._reads = self._reads, []
+        return reads
+
+    def finish_reads(self, reads: list[tuple[np.ndarray, object, int]]) -> None:
+        """Map each read's buffer (waiting for the submit that copied into it) into its array."""
+        for array, buffer, nbytes in reads:
+            start = time.perf_counter()
+            buffer.map_sync(self.wgpu.MapMode.READ, 0, _padded(nbytes, 8))
+            waited = time.perf_counter()
+            try:
+                data = buffer.read_mapped(0, nbytes, copy=True)
+            finally:
+                buffer.unmap()
+            array.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+            self.stats["reads"] += 1
+            self.stats["wait_seconds"] += waited - start
+            self.stats["read_seconds"] += time.perf_counter() - start
 
     def write(self, tensor: WgpuTensor, array: np.ndarray) -> None:
         """Pending work is submitted first: the queue runs a write before anything submitted after it."""
@@ -117,14 +238,17 @@ class WgpuBackend:
         if data.nbytes != tensor.nbytes:
             raise JitllmError(f"{self.device_name}: {data.nbytes} bytes written into a {tensor.nbytes}-byte tensor")
         self.flush()
+        start = time.perf_counter()
         if tensor.offset % 4 or data.nbytes % 4:  # (the queue writes whole words: merge with the bytes around)
-            start = tensor.offset - tensor.offset % 4
+            begin = tensor.offset - tensor.offset % 4
             end = _padded(tensor.offset + data.nbytes)
-            around = np.frombuffer(self.device.queue.read_buffer(tensor.buffer, start, end - start), np.uint8).copy()
-            around[tensor.offset - start:tensor.offset - start + data.nbytes] = data
-            self.device.queue.write_buffer(tensor.buffer, start, around)
-            return
-        self.device.queue.write_buffer(tensor.buffer, tensor.offset, data)
+            around = np.frombuffer(self._read(tensor.buffer, begin, end - begin), np.uint8).copy()
+            around[tensor.offset - begin:tensor.offset - begin + data.nbytes] = data
+            self.device.queue.write_buffer(tensor.buffer, begin, around)
+        else:
+            self.device.queue.write_buffer(tensor.buffer, tensor.offset, data)
+        self.stats["writes"] += 1
+        self.stats["write_seconds"] += time.perf_counter() - start
 
     def copy(self, dst: WgpuTensor, src: WgpuTensor) -> None:
         """Within this device by a copy command; from another wgpu device through the host."""
@@ -135,6 +259,9 @@ class WgpuBackend:
             raise JitllmError(f"{self.device_name}: copy of {src.nbytes} bytes into {dst.nbytes}")
         if src.offset % 4 or dst.offset % 4 or src.nbytes % 4:
             self.write(dst, self.download(src))
+            return
+        if self.capturing is not None:
+            self.capturing(COPY, dst, src)
             return
         self._end_pass()
         self._encoding().copy_buffer_to_buffer(src.buffer, src.offset, dst.buffer, dst.offset, src.nbytes)
@@ -162,10 +289,9 @@ class WgpuBackend:
     def synchronize(self) -> None:
         """Submit, then wait by reading a word (a read maps after all submitted work; wgpu 0.32's
         on_submitted_work_done_sync fails on its own callback's signature)."""
-        self.flush()
         if self._fence is None:
             self._fence = self._buffer(4)
-        self.device.queue.read_buffer(self._fence, 0, 4)
+        self._read(self._fence, 0, 4)  # (a map waits for the last submit using the buffer, so copy into it)
 
     def constant(self, binding: dict) -> WgpuTensor:
         """A Relax constant of a package, uploaded once."""
@@ -206,16 +332,34 @@ class WgpuBackend:
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def encode(self, dispatches: list[Dispatch]) -> None:
-        """Dispatches into the open compute pass (one is begun where none is open)."""
+        """Dispatches into the open compute pass (one is begun where none is open), submitted every
+        SUBMIT_EVERY dispatches."""
+        if self.capturing is not None:
+            self.capturing(ENCODE, dispatches)
+            return
+        at = 0
+        while at < len(dispatches):
+            part = dispatches[at:at + SUBMIT_EVERY - self._unsubmitted]
+            self._encode(part)
+            at += len(part)
+            if self._unsubmitted >= SUBMIT_EVERY:
+                self.flush()
+
+    def _encode(self, dispatches: list[Dispatch]) -> None:
         start = time.perf_counter()
         if self._pass is None:
             self._pass = self._encoding().begin_compute_pass()
-        compute = self._pass
-        for d in dispatches:
-            compute.set_pipeline(d.pipeline)
-            compute.set_bind_group(0, d.bind_group)
-            compute.dispatch_workgroups(*d.groups)
+            self._raw = _RawPass.of(self._pass)
+        if self._raw is not None:
+            self._raw.encode(dispatches)
+        else:
+            compute = self._pass
+            for d in dispatches:
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, d.bind_group)
+                compute.dispatch_workgroups(*d.groups)
         self.stats["dispatches"] += len(dispatches)
+        self._unsubmitted += len(dispatches)
         self.stats["encode_seconds"] += time.perf_counter() - start
 
     def _encoding(self):
@@ -226,16 +370,19 @@ class WgpuBackend:
     def _end_pass(self) -> None:
         if self._pass is not None:
             self._pass.end()
-            self._pass = None
+            self._pass = self._raw = None
 
     def flush(self) -> None:
         """Submit what is encoded (nothing where nothing is)."""
         if self._encoder is None:
             return
+        start = time.perf_counter()
         self._end_pass()
         encoder, self._encoder = self._encoder, None
         self.device.queue.submit([encoder.finish()])
+        self._unsubmitted = 0
         self.stats["submits"] += 1
+        self.stats["submit_seconds"] += time.perf_counter() - start
 
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
         try:
@@ -247,9 +394,9 @@ class WgpuBackend:
         kernels = Kernels(self, package["kernels"])
         functions = {name: HostFunction(name, spec, kernels) for name, spec in package["functions"].items()}
         main = RelaxProgram("main", package["programs"]["main"], functions, self)
-        argmax = functions.get(ARGMAX_FUNCTION)
+        embed, argmax = functions.get(EMBED_FUNCTION), functions.get(ARGMAX_FUNCTION)
         if not page_kernels:
-            return Program(main, None, None, None, None, argmax)
+            return Program(main, None, None, None, embed, argmax)
         return Program(main, *(functions[name] for name in (APPEND_FUNCTION, EXPORT_PAGES, IMPORT_PAGES)),
-                       None, argmax)
+                       embed, argmax)
 

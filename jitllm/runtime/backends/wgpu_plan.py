@@ -86,6 +86,8 @@ class Dispatch:
     pipeline: object
     bind_group: object
     groups: tuple[int, int, int]
+    buffers: frozenset = frozenset()
+    """The uids of the buffers it binds (what a captured step may write before it: wgpu_graph)."""
 
 
 class Kernels:
@@ -110,7 +112,7 @@ class Kernels:
         uniform = self.backend.uniform(values + struct.pack("<I", pack))
         pipeline = self.pipelines[name]
         group = self.backend.bind_group(pipeline, buffers, uniform)
-        return Dispatch(pipeline, group, (x, y, z))
+        return Dispatch(pipeline, group, (x, y, z), frozenset(t.buffer.uid for t in buffers))
 
 
 class HostFunction:

@@ -11,10 +11,14 @@ reads them as differs from the graph's (the runtime binds buffers, not typed ten
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import tvm
 from tvm import te, tirx
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP
+from jitllm.ir.ops import LINEAR, LINEAR_ADD, NORM_LINEAR, SWIGLU_LINEAR_ADD
 from jitllm.lowering.kernels.formats import without_params
 
 R = ROW_GROUP
@@ -80,53 +84,168 @@ def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[
 
 NT = 64
 """Threads of a decode matvec's workgroup: one workgroup per row group of R rows, its threads striding
-over the inputs (R partial sums each), then a tree in workgroup memory."""
+over the work items (R partial sums each), then a tree in workgroup memory."""
+LEVELS = 6
+"""log2(NT): the tree's levels."""
 
 
-def gemv_kernel(wtype: str, n: int, k: int) -> tuple[str, tvm.tirx.PrimFunc]:
-    """One activation row: y[0, n] = W x, one workgroup per row group (R rows at once: the layout's
-    interleaved rows share each quant word), threads over the inputs."""
+@dataclass(frozen=True)
+class Fold:
+    """What a decode matvec does besides y = W x (jitllm.ir.ops' folded families): the norm weight
+    applied to x as it is read, its sum of squares summed beside the dot products and its 1/RMS scaling
+    the finished sums (the matvec is linear); SwiGLU of x's two halves as it is read; the residual added
+    as rows are stored."""
+
+    norm: bool = False
+    swiglu: bool = False
+    residual: bool = False
+    eps: float = 0.0
+
+    @classmethod
+    def of(cls, family: str, eps: float = 0.0) -> "Fold":
+        return {LINEAR: cls(), NORM_LINEAR: cls(norm=True, eps=eps), LINEAR_ADD: cls(residual=True),
+                SWIGLU_LINEAR_ADD: cls(swiglu=True, residual=True)}[family]
+
+    def suffix(self, family: str) -> str:
+        """The family in a kernel's symbol, with the norm's eps as float bits (symbols take no '.')."""
+        if family == LINEAR:
+            return ""
+        return f"_{family.lower()}" + (f"_eps{np.float32(self.eps).view(np.uint32):08x}" if self.norm else "")
+
+
+def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc]:
+    """One activation row: y[0, n] = W x (with `family`'s fold), one workgroup per row group (R rows at
+    once: the layout's interleaved rows share each quant word), threads over its work items: a column
+    for float and Q8_0 weights, a (32-block, byte column) pair for Q4 ones (one byte holds columns j and
+    j + 16, so its two words, scale and minimum serve two columns). Parameters: x [1, K] ([1, 2K], gate
+    then up, for SwiGLU), the norm weight [K] (norm only), the weight parts, the residual [1, N/R, R]
+    (residual only), y [1, N/R, R]."""
     from tvm.script import tirx as T
 
-    symbol = f"jl_wgsl_gemv_{wtype}_{n}x{k}"
+    fold = Fold.of(family, eps)
+    symbol = f"jl_wgsl_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
     g, nb = n // R, k // QUANT_BLOCK
-    steps = (k + NT - 1) // NT
+    q4 = wtype in ("q4_0", "q4_1")
+    items = k // 2 if q4 else k
+    steps = (items + NT - 1) // NT
+    xk = 2 * k if fold.swiglu else k
+    S = R + 1  # (each thread's R sums and its sum of squares go up the tree together)
     shapes = weight_parts(wtype, g, nb, k, lambda name, shape, dtype: (shape, dtype))
     (w_shape, w_dtype), (d_shape, d_dtype), (m_shape, _) = (shapes + [((1,), "float16")] * 2)[:3]
 
+    @T.macro
+    def read_input(xv, i, acc, x, nw, c):
+        """xv[i] = the matvec's input at column c: x, or silu(gate) * up; times the norm weight, its
+        square added to the sum of squares first."""
+        if fold.swiglu:
+            xv[i] = x[0, c] / (T.float32(1) + T.exp(T.float32(0) - x[0, c])) * x[0, k + c]
+        else:
+            xv[i] = x[0, c]
+        if fold.norm:
+            acc[R] = acc[R] + xv[i] * xv[i]
+            xv[i] = xv[i] * nw[c]
+
     @T.prim_func
-    def f(x: T.Buffer((1, k), "float32"), w: T.Buffer(w_shape, w_dtype), d: T.Buffer(d_shape, d_dtype),
-          mn: T.Buffer(m_shape, "float16"), y: T.Buffer((1, n), "float32")):
+    def f(x: T.Buffer((1, xk), "float32"), nw: T.Buffer((k,), "float32"), w: T.Buffer(w_shape, w_dtype),
+          d: T.Buffer(d_shape, d_dtype), mn: T.Buffer(m_shape, "float16"), res: T.Buffer((1, g, R), "float32"),
+          y: T.Buffer((1, g, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         for grp in T.thread_binding(g, thread="blockIdx.x"):
             for t in T.thread_binding(NT, thread="threadIdx.x"):
-                acc = T.alloc_buffer((R,), "float32", scope="local")
-                other = T.alloc_buffer((R,), "float32", scope="local")
-                sums = T.alloc_buffer((NT * R,), "float32", scope="shared")
-                for r in T.unroll(R):
+                acc = T.alloc_buffer((S,), "float32", scope="local")
+                other = T.alloc_buffer((S,), "float32", scope="local")
+                xv = T.alloc_buffer((2,), "float32", scope="local")
+                wl = T.alloc_buffer((2,), w_dtype, scope="local")
+                sums = T.alloc_buffer((NT * S,), "float32", scope="shared")
+                for r in T.unroll(S):
                     acc[r] = T.float32(0)
                 for i in T.serial(steps):
-                    c: T.let = i * NT + t
-                    if c < k:
-                        xv: T.let = x[0, c]
-                        for r in T.unroll(R):
-                            acc[r] = acc[r] + weight_value(wtype, [w, d, mn], grp, r, c) * xv
-                for r in T.unroll(R):
-                    sums[t * R + r] = acc[r]
+                    e: T.let = i * NT + t
+                    if e < items:
+                        if q4:
+                            b: T.let = e // 16
+                            j: T.let = e % 16
+                            read_input(xv, 0, acc, x, nw, b * 32 + j)
+                            read_input(xv, 1, acc, x, nw, b * 32 + j + 16)
+                            wl[0] = w[grp, b, j, 0]
+                            wl[1] = w[grp, b, j, 1]
+                            for r in T.unroll(R):
+                                byte: T.let = T.shift_right(wl[r // 4], T.Cast("uint32", r % 4 * 8))
+                                lo: T.let = T.Cast("float32", T.bitwise_and(byte, T.uint32(15)))
+                                hi: T.let = T.Cast("float32", T.bitwise_and(T.shift_right(byte, T.uint32(4)),
+                                                                            T.uint32(15)))
+                                if wtype == "q4_1":
+                                    acc[r] = acc[r] + T.Cast("float32", d[grp, b, r]) * (lo * xv[0] + hi * xv[1]) \
+                                        + T.Cast("float32", mn[grp, b, r]) * (xv[0] + xv[1])
+                                else:
+                                    acc[r] = acc[r] + T.Cast("float32", d[grp, b, r]) * (
+                                        (lo - T.float32(8)) * xv[0] + (hi - T.float32(8)) * xv[1])
+                        elif wtype == "q8_0":
+                            read_input(xv, 0, acc, x, nw, e)
+                            wl[0] = w[grp, e // 32, e % 32, 0]
+                            wl[1] = w[grp, e // 32, e % 32, 1]
+                            for r in T.unroll(R):
+                                q: T.let = T.shift_right(T.shift_left(wl[r // 4], 24 - r % 4 * 8), 24)
+                                acc[r] = acc[r] + T.Cast("float32", d[grp, e // 32, r]) * T.Cast("float32", q) * xv[0]
+                        else:
+                            read_input(xv, 0, acc, x, nw, e)
+                            for r in T.unroll(R):
+                                acc[r] = acc[r] + T.Cast("float32", w[grp, e, r]) * xv[0]
+                for r in T.unroll(S):
+                    sums[t * S + r] = acc[r]
                 T.tvm_storage_sync("shared")
-                for level in T.unroll(6):  # NT = 2**6; read, wait, write (TVM cannot sync inside a condition)
+                for level in T.unroll(LEVELS):  # read, wait, write (TVM cannot sync inside a condition)
                     half: T.let = NT >> (level + 1)
                     if t < half:
-                        for r in T.unroll(R):
-                            other[r] = sums[(t + half) * R + r]
+                        for r in T.unroll(S):
+                            other[r] = sums[(t + half) * S + r]
                     T.tvm_storage_sync("shared")
                     if t < half:
-                        for r in T.unroll(R):
+                        for r in T.unroll(S):
                             acc[r] = acc[r] + other[r]
-                            sums[t * R + r] = acc[r]
+                            sums[t * S + r] = acc[r]
                     T.tvm_storage_sync("shared")
                 if t < R:
-                    y[0, grp * R + t] = sums[t]
+                    other[0] = sums[t]
+                    if fold.norm:
+                        other[0] = other[0] / T.sqrt(sums[R] / T.float32(k) + T.float32(fold.eps))
+                    if fold.residual:
+                        other[0] = other[0] + res[0, grp, t]
+                    y[0, grp, t] = other[0]
 
     absent = {1: {"d", "mn"}, 2: {"mn"}, 3: set()}[len(shapes)]  # (the parameters this format has not)
+    absent |= {name for name, used in (("nw", fold.norm), ("res", fold.residual)) if not used}
     return symbol, without_params(f, absent).with_attr("global_symbol", symbol)
+
+
+EMBED_THREADS = 64
+
+
+def embedding_kernel(wtype: str, vocab: int, hidden: int) -> tuple[str, tvm.tirx.PrimFunc]:
+    """ids [1, n] (int32) -> x [1, n, hidden] (f32): rows of the tied head's [vocab, hidden] weights (its
+    parts as the linears read them, quant bytes as words), dequantized as the host's lookup does
+    (core/quant.dequantize_rows). One thread per value; a pipelined decode step gathers its token's row
+    here (the token the step before left on the device), and a prompt its rows."""
+    symbol = f"jl_wgsl_embedding_{wtype}_{vocab}x{hidden}"
+    g, nb = vocab // R, hidden // QUANT_BLOCK
+    n = tirx.Var("n", "int32")
+    ids = te.placeholder((_i32(1), n), "int32", name="ids")
+    parts = weight_parts(wtype, g, nb, hidden, lambda name, shape, dtype: te.placeholder([_i32(v) for v in shape],
+                                                                                         dtype, name=name))
+    x = te.compute((_i32(1), n, _i32(hidden)),
+                   lambda b, t, c: weight_value(wtype, parts, ids[b, t] // R, ids[b, t] % R, c), name="x")
+    func = te.create_prim_func([ids, *parts, x])
+    return symbol, _schedule_elementwise(func, "x").with_attr("global_symbol", symbol)
+
+
+def _schedule_elementwise(func: tvm.tirx.PrimFunc, block: str) -> tvm.tirx.PrimFunc:
+    """One thread per element of `block`'s output, EMBED_THREADS to a workgroup."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    b = sch.get_sblock(block)
+    fused = sch.fuse(*sch.get_loops(b))
+    outer, inner = sch.split(fused, [None, EMBED_THREADS])
+    sch.bind(outer, "blockIdx.x")
+    sch.bind(inner, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)

@@ -83,6 +83,16 @@ class PrefixCache:
             del self.entries[entry.session.id]
             self.executor.close_session(entry.session)
 
+    def discard_idle(self) -> bool:
+        """Close the least recently used idle session (a full pool needs its pages for a busy slot); False
+        where none is idle."""
+        entry = next((e for e in self.entries.values() if not e.busy), None)
+        if entry is None:
+            return False
+        del self.entries[entry.session.id]
+        self.executor.close_session(entry.session)
+        return True
+
     def held_bytes(self) -> int:
         return sum(total_bytes(e.session) for e in self.entries.values())
 

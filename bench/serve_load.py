@@ -325,7 +325,7 @@ def write_json(path: str, data: dict) -> None:
 
 
 # -- the modes ---------------------------------------------------------------------------------------
-def compare(a, prompts: list[str]) -> dict:
+def compare(a) -> dict:
     jit = start_jitllmd(a)
     servers = [jit]
     try:
@@ -337,13 +337,15 @@ def compare(a, prompts: list[str]) -> dict:
         print_header()
         for rnd in range(a.rounds):
             order = servers if rnd % 2 == 0 else servers[::-1]
-            for s in order:
+            prompts = make_prompts(a.prompts or 4 * a.c, a.p, a.seed + 1000 * (rnd + 1))
+            for s in order:  # (the same prompts for both, new ones each round: no prefix-cache hits across runs)
                 r = asyncio.run(run_load(s, prompts, a))
                 r["round"] = rnd
                 runs.append(r)
                 print_row(s.name, rnd, r)
                 if s is jit and specs:
-                    r = asyncio.run(run_load(s, prompts, a, moves=specs))
+                    moved = make_prompts(a.prompts or 4 * a.c, a.p, a.seed + 1000 * (rnd + 1) + 500)
+                    r = asyncio.run(run_load(s, moved, a, moves=specs))
                     r["round"], r["backend"] = rnd, "jitllmd+moves"
                     runs.append(r)
                     print_row("jitllmd + moves", rnd, r)
@@ -483,15 +485,14 @@ def main() -> None:
         a.gguf = default_gguf_path()
     if a.jlm is None and a.gguf == default_gguf_path():
         a.jlm = default_model_path()
-    prompts = make_prompts(a.prompts or 4 * a.c, a.p, a.seed)
     header = {"command": " ".join(map(shlex.quote, sys.argv)), "cpu_count": os.cpu_count(),
               "load_average_start": os.getloadavg()}
     print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     if a.soak:
-        data = {**header, **soak(a, prompts)}
+        data = {**header, **soak(a, make_prompts(a.prompts or 16, a.p, a.seed))}
         failed = data["lost"] or data["corrupted"]
     else:
-        data = {**header, **compare(a, prompts)}
+        data = {**header, **compare(a)}
         failed = False
     data["load_average_end"] = os.getloadavg()
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

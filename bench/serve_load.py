@@ -227,7 +227,7 @@ async def run_load(server: Server, prompts: list[str], a, moves: list[str] | Non
         async with limit:
             return await stream_one(client, server, prompt, a.n)
 
-    load_before = os.getloadavg()
+    load_before, logged = os.getloadavg(), len(server.log)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), limits=limits) as client:
         start = time.perf_counter()
         moving = asyncio.create_task(mover(server, moves, a.move_every, done, moved)) if moves else None
@@ -243,6 +243,7 @@ async def run_load(server: Server, prompts: list[str], a, moves: list[str] | Non
             await moving
     result = metrics(server.name, outputs, duration, a)
     result["load_average"] = [load_before, os.getloadavg()]
+    result["server_log"] = [line.rstrip() for line in server.log[logged:]][-50:]
     if moves is not None:
         result["moves"] = [{"spec": m.spec, "at_s": round(m.posted - start, 3), "ms": round(m.ms, 1),
                             "round_trip_ms": round(1e3 * (m.answered - m.posted), 1), "error": m.error}
@@ -314,6 +315,8 @@ def print_row(name: str, rnd: int, r: dict) -> None:
     trio = lambda m: "/".join(f"{r[f'p{p}_{m}_ms']:.0f}" for p in (50, 90, 99))  # noqa: E731
     print(ROW.format(name, rnd, f"{r['output_throughput']:.1f}", trio("ttft"), trio("tpot"), trio("itl"),
                      f"{r['load_average'][0][0]:.2f}"), flush=True)
+    for line in r["server_log"][:5]:
+        print(f"  {r['backend']} said: {line}")
     if r["failed"]:
         print(f"  {r['failed']} failed: {next(e for e in r['errors'] if e)}")
 

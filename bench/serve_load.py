@@ -106,7 +106,8 @@ def start_jitllmd(a) -> Server:
     if any("sim:" in arg for arg in extra):
         env["JITLLM_SIM_DEVICES"] = "1"
     cmd = [sys.executable, "-c", "from jitllm.cli import jitllmd; jitllmd()", "serve", *model, "-port", "0",
-           "-parallel", str(a.parallel or a.c), "-queue", str(max(64, a.c)), "-ctx", str(a.ctx), *extra]
+           "-parallel", str(a.parallel or a.c), "-queue", str(max(64, a.c)), "-ctx", str(a.ctx),
+           "-cache-sessions", str(max(32, a.parallel or a.c)), *extra]
     server = Server("jitllmd", subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env))
     found = threading.Event()
     threading.Thread(target=_drain, args=(server, found, r"on (http://127\.0\.0\.1:\d+)"), daemon=True).start()
@@ -216,8 +217,16 @@ async def mover(server: Server, specs: list[str], every: float, done: asyncio.Ev
             i += 1
 
 
+def placement_spec(server: Server) -> str:
+    """The server's placement as moves that restore it (`0=host,1=host,...,head=host`)."""
+    units = httpx.get(server.url + "/v1/placement", timeout=60).json()["units"]
+    return ",".join(f"{u['unit']}={u['device']}" for u in units)
+
+
 async def run_load(server: Server, prompts: list[str], a, moves: list[str] | None = None) -> dict:
-    """One measured run: every prompt once, at most `a.c` in flight, arrivals by `a.rate`."""
+    """One measured run: every prompt once, at most `a.c` in flight, arrivals by `a.rate`; with `moves`, the
+    placement is put back as it was afterwards."""
+    restore = placement_spec(server) if moves else None
     limit = asyncio.Semaphore(a.c)
     rng = np.random.default_rng(a.seed)
     done, moved = asyncio.Event(), []
@@ -241,6 +250,7 @@ async def run_load(server: Server, prompts: list[str], a, moves: list[str] | Non
         done.set()
         if moving:
             await moving
+            await client.post(server.url + "/v1/placement", json={"moves": restore})
     result = metrics(server.name, outputs, duration, a)
     result["load_average"] = [load_before, os.getloadavg()]
     result["server_log"] = [line.rstrip() for line in server.log[logged:]][-50:]

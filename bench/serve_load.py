@@ -20,9 +20,13 @@ devices are enabled when a `sim:` device is named); it reports the moves' millis
 p99 ITL over the run without moves of the same round (the goal: less than one decode step, the median ITL).
 
 `-soak SECONDS`: jitllmd alone, C concurrent streams (e.g. -c 64) looping over the prompts until the time is
-up; every answer must equal that prompt's solo answer (temperature 0, computed first, one at a time), and
-the server's RSS is sampled (psutil) every few seconds. Lost streams (errors), corrupted ones (a different
-text) and the RSS curve are printed and written to the JSON; exit code 1 when a stream was lost or corrupted.
+up; every answer must equal that prompt's temp-0 answer, and the server's RSS is sampled (psutil) every few
+seconds. Each prompt has two expected answers, computed first: its solo answer (one request at a time:
+batch-1 steps) and its answer with all the prompts sent at once (batched steps). On SmolLM2 they differ for
+some prompts (the batch-1 decode kernels and the ragged ones differ at float level, docs/server.md), so a
+stream is corrupted when its text is neither; one that is the other path's answer is counted apart
+(`path_variants`). Lost streams (errors), corrupted ones and the RSS curve are printed and written to the
+JSON; exit code 1 when a stream was lost or corrupted.
 """
 
 from __future__ import annotations
@@ -413,7 +417,8 @@ def soak(a, prompts: list[str]) -> dict:
     rss = [mib for _, mib in result["rss_mib"]]
     tail = rss[len(rss) // 5:] or rss
     print(f"soak {a.soak:.0f} s at {a.c} streams: {result['completed']} streams completed, {result['lost']} lost, "
-          f"{result['corrupted']} corrupted, {result['output_tokens']} tokens ({result['output_throughput']:.1f} t/s); "
+          f"{result['corrupted']} corrupted ({result['path_variants']} with the other path's answer), "
+          f"{result['output_tokens']} tokens ({result['output_throughput']:.1f} t/s); "
           f"RSS MiB first {rss[0]:.0f}, after the first fifth {tail[0]:.0f}, max {max(rss):.0f}, last {rss[-1]:.0f} "
           f"({len(rss)} samples)")
     return result
@@ -428,9 +433,15 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
             if o.error:
                 sys.exit(f"soak: the solo answer failed: {o.error}")
             solo[p] = o.text
-        print(f"soak: {len(solo)} solo answers; {a.c} streams for {a.soak:.0f} s", flush=True)
+        together = await asyncio.gather(*(stream_one(client, server, p, a.n) for p in prompts))
+        if any(o.error for o in together):
+            sys.exit(f"soak: the batched reference failed: {next(o.error for o in together if o.error)}")
+        batched = {p: o.text for p, o in zip(prompts, together)}
+        differ = [p for p in prompts if batched[p] != solo[p]]
+        print(f"soak: {len(prompts)} prompts, solo and batched answers differ for {len(differ)}; {a.c} streams "
+              f"for {a.soak:.0f} s", flush=True)
         rss: list[tuple[float, float]] = []
-        counts = {"completed": 0, "lost": 0, "corrupted": 0, "output_tokens": 0}
+        counts = {"completed": 0, "lost": 0, "corrupted": 0, "path_variants": 0, "output_tokens": 0}
         problems: list[str] = []
         start = time.perf_counter()
         deadline = start + a.soak
@@ -443,11 +454,12 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
                 if o.error:
                     counts["lost"] += 1
                     problems.append(f"lost: {o.error}")
-                elif o.text != solo[p]:
+                elif o.text not in (batched[p], solo[p]):
                     counts["corrupted"] += 1
-                    problems.append(f"corrupted: {p[:30]!r}: {o.text[:60]!r} != {solo[p][:60]!r}")
+                    problems.append(f"corrupted: {p[:30]!r}: {o.text[:60]!r} != {batched[p][:60]!r}")
                 else:
                     counts["completed"] += 1
+                    counts["path_variants"] += o.text != batched[p]
                     counts["output_tokens"] += o.output_tokens
 
         async def sampler() -> None:
@@ -458,7 +470,9 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
         await asyncio.gather(sampler(), *(stream_worker() for _ in range(a.c)))
         duration = time.perf_counter() - start
     rss.append((round(duration, 1), pid.memory_info().rss / 2**20))
-    return {"mode": "soak", "seconds": a.soak, "max_concurrency": a.c, "duration": duration, **counts,
+    return {"mode": "soak", "solo_differs_from_batched": len(differ),
+            "solo_vs_batched": [{"prompt": p, "solo": solo[p], "batched": batched[p]} for p in differ],
+            "seconds": a.soak, "max_concurrency": a.c, "duration": duration, **counts,
             "output_throughput": counts["output_tokens"] / duration, "problems": problems[:20], "rss_mib": rss,
             "load_average": os.getloadavg()}
 

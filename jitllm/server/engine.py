@@ -336,6 +336,8 @@ class Engine:
                               decoding=bool(slot.generated) and _history_length(slot) - slot.session.length == 1)
                  for i, slot in enumerate(running)]
         plan = plan_step(plans, self.settings.token_budget, len(plans))
+        page = self.model.executor.layout.block_kinds[0].page_size
+        plan = [(i, _page_aligned(running[i], count, page)) for i, count in plan]
         work = self._make_room([(running[i], _unfed(running[i], count), plans[i].decoding) for i, count in plan])
         if not work:
             return
@@ -508,6 +510,17 @@ def _give_back_ahead(ex, slot: Slot) -> None:
         slot.tokens = None
     if slot.session.length >= _history_length(slot):
         ex.truncate_session(slot.session, _history_length(slot) - 1)
+
+
+def _page_aligned(slot: Slot, count: int, page: int) -> int:
+    """A prompt chunk that stops short of the slot's history cut back to end at a page boundary (where that
+    leaves some of it): the ragged attention kernels reduce a prompt fed in chunks that end at page boundaries
+    exactly as one fed whole, but not one cut mid-page, so a stream's text does not depend on how the token
+    budget split its prompt."""
+    end = slot.session.length + count
+    if end >= _history_length(slot) or end - end % page <= slot.session.length:
+        return count
+    return end - end % page - slot.session.length
 
 
 def _history_length(slot: Slot) -> int:

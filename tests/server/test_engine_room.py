@@ -128,3 +128,20 @@ def test_a_device_failing_mid_stream_falls_back_with_unchanged_tokens(tiny_model
     assert count(metrics, "jitllm_device_fallbacks_total") == 1
     assert count(metrics, "jitllm_recomputed_tokens_total") > 0
     assert any("sim:0" in line and "recomputing" in line for line in logged)
+
+
+def test_prompt_chunks_end_at_page_boundaries():
+    """The ragged kernels reduce a prompt fed in page-aligned chunks exactly as one fed whole (not one cut
+    mid-page), so a chunk that stops short of the history is cut back to a page boundary where it can be."""
+    from types import SimpleNamespace
+
+    from jitllm.server.engine import Slot, _page_aligned
+
+    def slot(at: int, prompt: int) -> Slot:
+        job = SimpleNamespace(prompt=list(range(prompt)))
+        return Slot(job, SimpleNamespace(length=at), 0, None)
+
+    assert _page_aligned(slot(0, 100), 40, 16) == 32  # (ends at 32, not mid-page at 40)
+    assert _page_aligned(slot(32, 100), 68, 16) == 68  # (the rest of the prompt: all of it)
+    assert _page_aligned(slot(16, 100), 10, 16) == 10  # (no boundary inside: fed as planned, never starved)
+    assert _page_aligned(slot(20, 100), 30, 16) == 28

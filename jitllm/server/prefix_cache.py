@@ -48,16 +48,17 @@ class PrefixCache:
         """A session for `prompt` and how many of its first tokens are already in that session's KV. The idle
         session sharing the longest prefix is cut back to it, where that keeps at least half its history
         (a short common prefix such as a system prompt is not worth another conversation's cache);
-        otherwise a new session, after evicting the least recently used idle ones over the bound. The cut is at
-        a page boundary: the ragged attention kernels reduce a prompt fed from a page boundary exactly as one
-        fed whole, not one fed from the middle of a page (a float-level difference that can flip a temp-0
-        near-tie)."""
+        otherwise a new session, after evicting the least recently used idle ones over the bound. A KV-page
+        history is cut at a page boundary: the ragged attention kernels reduce a prompt fed from a page
+        boundary exactly as one fed whole, not one fed from the middle of a page (a float-level difference
+        that can flip a temp-0 near-tie)."""
         page = self.executor.layout.block_kinds[0].page_size
         best: tuple[int, Entry] | None = None
         for entry in self.entries.values():
             if not entry.busy:
                 shared = min(len(os.path.commonprefix([entry.session.tokens, prompt])), len(prompt) - 1)
-                shared -= shared % page
+                if not entry.session.states:  # (a recurrent history cannot be cut back at all)
+                    shared -= shared % page
                 if shared > 0 and 2 * shared >= entry.session.length and (best is None or shared > best[0]):
                     best = (shared, entry)
         if best is not None and self.executor.truncate_session(best[1].session, best[0]):

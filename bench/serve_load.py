@@ -421,6 +421,9 @@ def soak(a, prompts: list[str]) -> dict:
           f"{result['output_tokens']} tokens ({result['output_throughput']:.1f} t/s); "
           f"RSS MiB first {rss[0]:.0f}, after the first fifth {tail[0]:.0f}, max {max(rss):.0f}, last {rss[-1]:.0f} "
           f"({len(rss)} samples)")
+    first, last = result["kv_pages"][0], result["kv_pages"][-1]
+    print(f"  KV pool pages {first['pool_pages']:.0f} -> {last['pool_pages']:.0f} (in use {last['used_pages']:.0f}), "
+          f"sessions kept {first['sessions']:.0f} -> {last['sessions']:.0f}")
     return result
 
 
@@ -441,6 +444,7 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
         print(f"soak: {len(prompts)} prompts, solo and batched answers differ for {len(differ)}; {a.c} streams "
               f"for {a.soak:.0f} s", flush=True)
         rss: list[tuple[float, float]] = []
+        kv: list[dict[str, float]] = []
         counts = {"completed": 0, "lost": 0, "corrupted": 0, "path_variants": 0, "output_tokens": 0}
         problems: list[str] = []
         start = time.perf_counter()
@@ -465,6 +469,7 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
         async def sampler() -> None:
             while time.perf_counter() < deadline:
                 rss.append((round(time.perf_counter() - start, 1), pid.memory_info().rss / 2**20))
+                kv.append(await kv_pages(client, server))
                 await asyncio.sleep(a.rss_every)
 
         await asyncio.gather(sampler(), *(stream_worker() for _ in range(a.c)))
@@ -474,7 +479,22 @@ async def _soak(server: Server, pid: psutil.Process, prompts: list[str], a) -> d
             "solo_vs_batched": [{"prompt": p, "solo": solo[p], "batched": batched[p]} for p in differ],
             "seconds": a.soak, "max_concurrency": a.c, "duration": duration, **counts,
             "output_throughput": counts["output_tokens"] / duration, "problems": problems[:20], "rss_mib": rss,
+            "kv_pages": kv,
             "load_average": os.getloadavg()}
+
+
+async def kv_pages(client: httpx.AsyncClient, server: Server) -> dict[str, float]:
+    """The KV pages the server's pools hold and how many of them sessions use, summed over devices, and its
+    cached sessions (from /metrics)."""
+    text = (await client.get(server.url + "/metrics")).text
+    out = {"pool_pages": 0.0, "used_pages": 0.0, "sessions": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        key = {"jitllm_kv_pool_pages": "pool_pages", "jitllm_kv_pages": "used_pages",
+               "jitllm_sessions": "sessions"}.get(name.split("{")[0])
+        if key and not line.startswith("#"):
+            out[key] += float(value)
+    return out
 
 
 def main() -> None:

@@ -6,7 +6,13 @@ session from the prefix cache each), then moves every busy slot on: with two or 
 whose blocks take batched steps, one batched step for all of them (each decoding slot one token, prompts
 in chunks beside them: docs/batching.md); with one (or a model that cannot batch), its batch-1 step
 (pipelined greedy decode where it can). Every stream moves on a token per turn. Jobs beyond the busy
-slots wait in a bounded queue; a full queue is a 429, never a drop."""
+slots wait in a bounded queue; a full queue is a 429, never a drop.
+
+Where a device's KV pool is full, the prefix cache's idle sessions are closed first (least recently used
+first); then, in batched turns, a prompt chunk waits and a decoding slot spills the slot admitted last to
+the host (runtime/engine/spill.py, as BatchRunner does), which is resumed, first spilled first, before any
+new job is admitted: no KV is recomputed to make room. Only a device fault recomputes: every unit goes
+home and each slot's history is fed again."""
 
 from __future__ import annotations
 
@@ -103,6 +109,10 @@ class Slot:
     """Its batch-1 generation; None while it is served by batched steps."""
     generated: list[int] = field(default_factory=list)
     last_token_at: float = 0.0
+    admitted: int = 0
+    """Its place in the order of admission (the slot admitted last is spilled first)."""
+    spilled: object = None
+    """Its KV on the host (spill.SpilledKV) while a full pool has no room for it."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,7 @@ class Engine:
         self.accepting = True
         self._stopping = False
         self._slots: list[Slot] = []
+        self._admissions = 0
         self._batching = False
         """The model's blocks take batched steps (engine/batched.py: KV-page blocks on targets with ragged
         kernels); found once it is loaded."""
@@ -191,7 +202,8 @@ class Engine:
     def _log(self, message: str) -> None:
         if message.startswith("compiled"):
             self.compiled.append(message.split(" in ")[0].removeprefix("compiled "))
-        if self.settings.verbose or message.startswith(("compiled", "cache:", "moved", "relocated", "warning:")):
+        if self.settings.verbose or message.startswith(("compiled", "cache:", "kv:", "moved", "relocated",
+                                                         "warning:")):
             print(f"jitllmd: {message}", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
@@ -228,11 +240,13 @@ class Engine:
                 calls, self._calls = list(self._calls), deque()
             for fn, future in calls:
                 self._answer(fn, future)
+            self._resume_spilled()
             self._admit()
-            if self._batching and len(self._slots) > 1:
-                self._batched_turn()
+            running = [slot for slot in self._slots if slot.spilled is None]
+            if self._batching and len(running) > 1:
+                self._batched_turn(running)
             else:
-                for slot in list(self._slots):
+                for slot in running:
                     if slot.tokens is None:  # (it was in batched steps until now)
                         self._begin(slot)
                     self._step(slot)
@@ -254,7 +268,7 @@ class Engine:
             for job in waiting:
                 self._done(job)
                 job.deliver(Failed("the server is shutting down", 503))
-        while len(self._slots) < self.settings.parallel:
+        while len(self._slots) < self.settings.parallel and not any(s.spilled is not None for s in self._slots):
             with self._cond:
                 if not self._queue:
                     return
@@ -266,7 +280,8 @@ class Engine:
             session, cached = self.cache.acquire(job.prompt)
             sampler = (LogprobSampler(job.sampling, job.top_logprobs) if job.top_logprobs is not None
                        else Sampler(job.sampling))
-            slot = Slot(job, session, cached, sampler)
+            self._admissions += 1
+            slot = Slot(job, session, cached, sampler, admitted=self._admissions)
             self._slots.append(slot)
             self.metrics.slots_busy.set(len(self._slots))
             self.metrics.prompt_tokens.inc(len(job.prompt))
@@ -287,6 +302,8 @@ class Engine:
         if slot.job.cancelled:
             self._finish(slot, "cancelled")
             return
+        if slot.session.kv_room <= _history_length(slot):  # (a page boundary: idle sessions give way first)
+            self._room(slot, _history_length(slot) + 1, spill=False)
         try:
             token = next(slot.tokens, None)
         except DeviceFault as fault:
@@ -302,28 +319,29 @@ class Engine:
             return
         self._deliver(slot, token)
 
-    def _batched_turn(self) -> None:
-        """One batched step for every busy slot: a slot leaving its batch-1 generation gives back what that
-        ran ahead (the last token it delivered is fed again), then each slot feeds what its session lacks
-        of its prompt and tokens (scheduler.plan_step: decoding slots first, prompt chunks under the
-        budget); a slot whose history is all in sees its next token sampled."""
+    def _batched_turn(self, running: list[Slot]) -> None:
+        """One batched step for every busy slot holding its KV: a slot leaving its batch-1 generation gives
+        back what that ran ahead (the last token it delivered is fed again), then each slot feeds what its
+        session lacks of its prompt and tokens (scheduler.plan_step: decoding slots first, prompt chunks
+        under the budget; `_make_room` where a pool is full); a slot whose history is all in sees its next
+        token sampled."""
         from jitllm.runtime.engine.scheduler import SequencePlan, plan_step
 
-        ex = self.model.executor
-        for slot in list(self._slots):
-            if slot.job.cancelled:
-                self._finish(slot, "cancelled")
-        for slot in self._slots:
-            if slot.tokens is not None:
-                _close(slot)
-                slot.tokens = None
-            if slot.session.length >= _history_length(slot):
-                ex.truncate_session(slot.session, _history_length(slot) - 1)
+        for slot in [s for s in running if s.job.cancelled]:
+            self._finish(slot, "cancelled")
+            running.remove(slot)
+        for slot in running:
+            _give_back_ahead(self.model.executor, slot)
         plans = [SequencePlan(i, _history_length(slot), slot.session.length,
                               decoding=bool(slot.generated) and _history_length(slot) - slot.session.length == 1)
-                 for i, slot in enumerate(self._slots)]
+                 for i, slot in enumerate(running)]
         plan = plan_step(plans, self.settings.token_budget, len(plans))
-        work = [(self._slots[i], _unfed(self._slots[i], count)) for i, count in plan]
+        page = self.model.executor.layout.block_kinds[0].page_size
+        plan = [(i, _page_aligned(running[i], count, page)) for i, count in plan]
+        work = self._make_room([(running[i], _unfed(running[i], count), plans[i].decoding) for i, count in plan])
+        if not work:
+            return
+        ex = self.model.executor
         try:
             logits = ex.batched_forward([(slot.session, ids) for slot, ids in work])
         except DeviceFault as fault:
@@ -369,10 +387,91 @@ class Engine:
         for slot in self._slots:
             if slot.tokens is not None:
                 _close(slot)
-        self._log(f"warning: {fault}; finishing on the CPU")
+        held = [slot for slot in self._slots if slot.spilled is None]
+        lost = sum(slot.session.length for slot in held)
         self.model.fall_back_to_host()
-        for slot in self._slots:
+        self.metrics.fallbacks.inc()
+        self.metrics.recomputed_tokens.inc(lost)
+        self._log(f"warning: {fault}; every unit is now on the host: recomputing the KV of {len(held)} slots "
+                  f"({lost} positions)")
+        for slot in held:  # (spilled slots keep their host copy)
             self._begin(slot)
+
+    # -- room in full pools ----------------------------------------------------------------------
+    def _make_room(self, work: list[tuple[Slot, list[int], bool]]) -> list[tuple[Slot, list[int]]]:
+        """The planned (slot, tokens, decoding) that have pages for this step. A prompt chunk without room
+        waits (unless nothing else could run); a decoding slot without room spills the slot admitted last."""
+        kept: list[tuple[Slot, list[int]]] = []
+        for slot, ids, decoding in work:
+            if slot.spilled is None and self._room_or_fail(slot, len(ids), spill=decoding):
+                kept.append((slot, ids))
+            kept = [(s, i) for s, i in kept if s.spilled is None and s.session.tables]  # (victims leave)
+        if not kept and work:
+            slot, ids, _ = work[0]
+            if slot in self._slots and slot.spilled is None and self._room_or_fail(slot, len(ids), spill=True):
+                kept.append((slot, ids))
+        return kept
+
+    def _room_or_fail(self, slot: Slot, tokens: int, spill: bool) -> bool:
+        try:
+            return self._room(slot, slot.session.length + tokens, spill)
+        except JitllmError as e:
+            self._fail(slot, str(e))
+            return False
+
+    def _room(self, slot: Slot, positions: int, spill: bool) -> bool:
+        """Pages for `positions` of the slot's session: idle cached sessions are closed first, then (with
+        `spill`) the busy slot admitted last is spilled; False where there is still no room."""
+        from jitllm.runtime.engine.kv import try_room
+
+        while not try_room(self.model.executor, slot.session, positions):
+            if self.cache.discard_idle():
+                self.metrics.cache_discards.inc()
+                continue
+            if not spill:
+                return False
+            holding = [s for s in self._slots if s is not slot and s.spilled is None and s.session.tables]
+            if not holding:
+                raise JitllmError(f"the KV of one request ({positions} positions) does not fit the pools: give the "
+                                  "devices more KV room or use a shorter context")
+            self._spill(max(holding, key=lambda s: s.admitted))
+        return True
+
+    def _spill(self, slot: Slot) -> None:
+        from jitllm.runtime.engine import spill as spilling
+
+        _give_back_ahead(self.model.executor, slot)
+        if slot.session.length == 0:  # (nothing has run: its pages are only given back)
+            self.model.executor.reset_session(slot.session)
+            return
+        slot.spilled = spilling.spill(self.model.executor, slot.session)
+        self.metrics.spills.inc()
+        self.metrics.spilled_bytes.inc(slot.spilled.nbytes)
+        self._log(f"kv: a full pool spilled slot {slot.admitted} ({slot.spilled.positions} positions, "
+                  f"{slot.spilled.nbytes / 2**20:.2f} MiB) to the host")
+
+    def _resume_spilled(self) -> None:
+        """Spilled slots back into the pools, first spilled first, while there is room (idle cached sessions
+        give way); a slot whose history cannot fit even alone fails."""
+        from jitllm.runtime.engine import spill as spilling
+
+        for slot in sorted((s for s in self._slots if s.spilled is not None), key=lambda s: s.admitted):
+            if slot.job.cancelled:
+                self._finish(slot, "cancelled")
+                continue
+            while not spilling.resume(self.model.executor, slot.session, slot.spilled):
+                if self.cache.discard_idle():
+                    self.metrics.cache_discards.inc()
+                elif any(s.spilled is None and s.session.tables for s in self._slots):
+                    return  # (room comes as other slots finish)
+                else:
+                    self._fail(slot, f"the KV of one request ({slot.spilled.positions} positions) does not fit "
+                                     "the pools: give the devices more KV room or use a shorter context")
+                    break
+            else:
+                self.metrics.resumes.inc()
+                self._log(f"kv: resumed slot {slot.admitted} from the host ({slot.spilled.positions} positions)")
+                slot.spilled = None
 
     def _finish(self, slot: Slot, reason: str) -> None:
         job = slot.job
@@ -401,6 +500,27 @@ def _close(slot: Slot) -> None:
         return
     with contextlib.suppress(DeviceFault):  # (a step launched ahead on a device that failed)
         slot.tokens.close()
+
+
+def _give_back_ahead(ex, slot: Slot) -> None:
+    """End the slot's batch-1 generation and give back what it ran ahead of the tokens delivered (the last one
+    delivered is fed again by the next step)."""
+    if slot.tokens is not None:
+        _close(slot)
+        slot.tokens = None
+    if slot.session.length >= _history_length(slot):
+        ex.truncate_session(slot.session, _history_length(slot) - 1)
+
+
+def _page_aligned(slot: Slot, count: int, page: int) -> int:
+    """A prompt chunk that stops short of the slot's history cut back to end at a page boundary (where that
+    leaves some of it): the ragged attention kernels reduce a prompt fed in chunks that end at page boundaries
+    exactly as one fed whole, but not one cut mid-page, so a stream's text does not depend on how the token
+    budget split its prompt."""
+    end = slot.session.length + count
+    if end >= _history_length(slot) or end - end % page <= slot.session.length:
+        return count
+    return end - end % page - slot.session.length
 
 
 def _history_length(slot: Slot) -> int:

@@ -29,6 +29,16 @@ class Metrics:
         self.batched_steps = Counter("jitllm_batched_steps", "Batched steps (one step for several slots)", registry=r)
         self.batched_rows = Counter("jitllm_batched_sessions", "Slots served by batched steps, summed over the steps",
                                     registry=r)
+        self.spills = Counter("jitllm_kv_spills", "Busy slots whose KV went to the host to make room in a full pool",
+                              registry=r)
+        self.resumes = Counter("jitllm_kv_resumes", "Spilled slots whose KV came back from the host", registry=r)
+        self.spilled_bytes = Counter("jitllm_kv_spilled_bytes", "KV bytes copied to the host by spills", registry=r)
+        self.cache_discards = Counter("jitllm_sessions_discarded", "Idle cached sessions closed to make room in a "
+                                      "full pool", registry=r)
+        self.fallbacks = Counter("jitllm_device_fallbacks", "Device faults that sent every unit to the host",
+                                 registry=r)
+        self.recomputed_tokens = Counter("jitllm_recomputed_tokens", "Positions whose KV was lost in a device "
+                                         "fault and computed again", registry=r)
         self.moves = Counter("jitllm_moves", "Units (blocks, head) moved between devices", registry=r)
         self.moved_bytes = Counter("jitllm_moved_bytes", "Weight and KV bytes moved", registry=r)
 

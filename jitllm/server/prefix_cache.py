@@ -48,11 +48,17 @@ class PrefixCache:
         """A session for `prompt` and how many of its first tokens are already in that session's KV. The idle
         session sharing the longest prefix is cut back to it, where that keeps at least half its history
         (a short common prefix such as a system prompt is not worth another conversation's cache);
-        otherwise a new session, after evicting the least recently used idle ones over the bound."""
+        otherwise a new session, after evicting the least recently used idle ones over the bound. A KV-page
+        history is cut at a page boundary: the ragged attention kernels reduce a prompt fed from a page
+        boundary exactly as one fed whole, not one fed from the middle of a page (a float-level difference
+        that can flip a temp-0 near-tie)."""
+        page = self.executor.layout.block_kinds[0].page_size
         best: tuple[int, Entry] | None = None
         for entry in self.entries.values():
             if not entry.busy:
                 shared = min(len(os.path.commonprefix([entry.session.tokens, prompt])), len(prompt) - 1)
+                if not entry.session.states:  # (a recurrent history cannot be cut back at all)
+                    shared -= shared % page
                 if shared > 0 and 2 * shared >= entry.session.length and (best is None or shared > best[0]):
                     best = (shared, entry)
         if best is not None and self.executor.truncate_session(best[1].session, best[0]):
@@ -82,6 +88,16 @@ class PrefixCache:
                 return
             del self.entries[entry.session.id]
             self.executor.close_session(entry.session)
+
+    def discard_idle(self) -> bool:
+        """Close the least recently used idle session (a full pool needs its pages for a busy slot); False
+        where none is idle."""
+        entry = next((e for e in self.entries.values() if not e.busy), None)
+        if entry is None:
+            return False
+        del self.entries[entry.session.id]
+        self.executor.close_session(entry.session)
+        return True
 
     def held_bytes(self) -> int:
         return sum(total_bytes(e.session) for e in self.entries.values())

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # The workers (pyproject's `-n auto`: one per core) share the cores: each runs TVM's pool, OpenMP
+    # xdist workers (`pytest -n auto`: one per core) share the cores: each runs TVM's pool, OpenMP
     # (torch) and the CLI processes it starts with one thread, unless a developer set a count.
     for _threads in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ.setdefault(_threads, "1")

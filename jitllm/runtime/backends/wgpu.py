@@ -188,13 +188,7 @@ class WgpuBackend:
         self._end_pass()
         self._encoding().copy_buffer_to_buffer(buffer, offset, self._readback, 0, size)
         self.flush()
-        waiting = time.perf_counter()
-        self._readback.map_sync(self.wgpu.MapMode.READ, 0, _padded(size, 8))
-        self.stats["wait_seconds"] += time.perf_counter() - waiting
-        try:
-            data = self._readback.read_mapped(0, size, copy=True)
-        finally:
-            self._readback.unmap()
+        data = self._mapped(self._readback, size)
         self.stats["reads"] += 1
         self.stats["read_seconds"] += time.perf_counter() - start
         return data
@@ -221,16 +215,20 @@ class WgpuBackend:
         """Map each read's buffer (waiting for the submit that copied into it) into its array."""
         for array, buffer, nbytes in reads:
             start = time.perf_counter()
-            buffer.map_sync(self.wgpu.MapMode.READ, 0, _padded(nbytes, 8))
-            waited = time.perf_counter()
-            try:
-                data = buffer.read_mapped(0, nbytes, copy=True)
-            finally:
-                buffer.unmap()
-            array.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+            array.reshape(-1).view(np.uint8)[:] = np.frombuffer(self._mapped(buffer, nbytes), np.uint8)
             self.stats["reads"] += 1
-            self.stats["wait_seconds"] += waited - start
             self.stats["read_seconds"] += time.perf_counter() - start
+
+    def _mapped(self, buffer, nbytes: int):
+        """The first `nbytes` of the mappable `buffer` once the device has written them (the map waits for
+        the submit that copied into it; that wait is counted apart)."""
+        waiting = time.perf_counter()
+        buffer.map_sync(self.wgpu.MapMode.READ, 0, _padded(nbytes, 8))
+        self.stats["wait_seconds"] += time.perf_counter() - waiting
+        try:
+            return buffer.read_mapped(0, nbytes, copy=True)
+        finally:
+            buffer.unmap()
 
     def write(self, tensor: WgpuTensor, array: np.ndarray) -> None:
         """Pending work is submitted first: the queue runs a write before anything submitted after it."""

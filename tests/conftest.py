@@ -58,6 +58,18 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_four_blocks(tmp_path_factory) -> Path:
+    """`tiny` with four blocks (its kinds, so its compiled artifacts): the streaming tests' model."""
+    import dataclasses
+
+    from jitllm.random_model import PRESETS, write_random_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny4.jlm"
+    write_random_model(path, dataclasses.replace(PRESETS["tiny"], num_blocks=4), "q4_1", seed=3)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_hybrid_model(tmp_path_factory) -> Path:
     """4 blocks: llama, gla, llama, gla (random weights)."""
     from jitllm.random_model import write_random_model

@@ -5,8 +5,6 @@ device exists."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -21,15 +19,6 @@ PROMPT = list(range(4, 30))
 STEPS = 12
 
 
-@pytest.fixture(scope="module")
-def four_blocks(tmp_path_factory):
-    from jitllm.random_model import PRESETS, write_random_model
-
-    path = tmp_path_factory.mktemp("models") / "tiny4.jlm"
-    write_random_model(path, dataclasses.replace(PRESETS["tiny"], num_blocks=4), "q4_1", seed=3)
-    return path
-
-
 def _logits(model, moves=None) -> list[np.ndarray]:
     ex = model.executor
     session = ex.new_session()
@@ -41,12 +30,12 @@ def _logits(model, moves=None) -> list[np.ndarray]:
     return out
 
 
-def test_streamed_blocks_on_cuda_match_resident_ones(four_blocks, cache_dir):
+def test_streamed_blocks_on_cuda_match_resident_ones(tiny_four_blocks, cache_dir):
     from jitllm.model import load
 
     kw = dict(ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact")
-    resident = _logits(load(four_blocks, devices="cuda:0", **kw))
-    model = load(four_blocks, devices="cuda:0=100000", placement="*=cuda:0~", **kw)
+    resident = _logits(load(tiny_four_blocks, devices="cuda:0", **kw))
+    model = load(tiny_four_blocks, devices="cuda:0=100000", placement="*=cuda:0~", **kw)
     ex = model.executor
     assert 4 * ex.blocks[0].nbytes + ex.head.nbytes > 100000  # the weights do not fit; the slots and one block do
     pool = ex.streams["cuda:0"]

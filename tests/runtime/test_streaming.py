@@ -21,16 +21,6 @@ BUDGET = 64_000
 """Bytes of sim:0: two 23 KiB slots and the 13 KiB head, not the four 23 KiB blocks."""
 
 
-@pytest.fixture(scope="module")
-def four_blocks(tmp_path_factory):
-    """`tiny` with four blocks (its kinds, so its compiled artifacts)."""
-    from jitllm.random_model import PRESETS, write_random_model
-
-    path = tmp_path_factory.mktemp("models") / "tiny4.jlm"
-    write_random_model(path, dataclasses.replace(PRESETS["tiny"], num_blocks=4), "q4_1", seed=3)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def sim_devices(monkeypatch):
     monkeypatch.setenv(fake.ENABLE, "1")
@@ -54,12 +44,12 @@ def _logits(model, moves=None) -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def resident(four_blocks, cache_dir):
-    return _logits(_load(four_blocks, cache_dir))
+def resident(tiny_four_blocks, cache_dir):
+    return _logits(_load(tiny_four_blocks, cache_dir))
 
 
-def test_streamed_blocks_match_a_resident_run_within_the_slots(four_blocks, cache_dir, resident):
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+def test_streamed_blocks_match_a_resident_run_within_the_slots(tiny_four_blocks, cache_dir, resident):
+    model = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
     ex, device = model.executor, model.devices["sim:0"]
     block_bytes = ex.blocks[0].nbytes
     assert all(u.stream is not None and u.weights is None for u in ex.blocks)
@@ -79,7 +69,7 @@ def test_streamed_blocks_match_a_resident_run_within_the_slots(four_blocks, cach
     assert "4 blocks stream" in model.plan.describe()
 
 
-def test_batched_steps_over_streamed_blocks_match_a_resident_run(four_blocks, cache_dir):
+def test_batched_steps_over_streamed_blocks_match_a_resident_run(tiny_four_blocks, cache_dir):
     """Two sessions' ragged prefill and decode steps (each streamed block once per step for both)."""
     prompts = [PROMPT, PROMPT[:9]]
 
@@ -91,8 +81,8 @@ def test_batched_steps_over_streamed_blocks_match_a_resident_run(four_blocks, ca
             out.append(ex.batched_forward([(s, [int(np.argmax(row))]) for s, row in zip(sessions, out[-1])]))
         return out
 
-    streamed = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
-    assert all(np.array_equal(a, b) for a, b in zip(run(streamed), run(_load(four_blocks, cache_dir)), strict=True))
+    streamed = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    assert all(np.array_equal(a, b) for a, b in zip(run(streamed), run(_load(tiny_four_blocks, cache_dir)), strict=True))
     assert streamed.executor.streams["sim:0"].uploads == 4 * 4 + 1
 
 
@@ -104,10 +94,10 @@ def test_recurrent_and_attention_blocks_stream_through_one_pool(tiny_hybrid_mode
                                                     strict=True))
 
 
-def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, resident):
+def test_moves_of_streamed_blocks_keep_the_logits(tiny_four_blocks, cache_dir, resident):
     """A streamed block made resident on the host, streamed on another device and back; one made resident on
     another device; one made resident on its own device (its KV pages staying) and streamed again."""
-    model = _load(four_blocks, cache_dir, "sim:0=100000,sim:1=200000", "*=sim:0~")
+    model = _load(tiny_four_blocks, cache_dir, "sim:0=100000,sim:1=200000", "*=sim:0~")
     moves = {2: ["1=host"], 4: ["1=sim:1~"], 6: ["3=sim:1"], 7: ["2=sim:0"], 8: ["0-1=sim:0~"], 9: ["2=sim:0~"]}
     assert all(np.array_equal(a, b) for a, b in zip(_logits(model, moves), resident, strict=True))
     ex = model.executor
@@ -124,33 +114,33 @@ def test_moves_of_streamed_blocks_keep_the_logits(four_blocks, cache_dir, reside
     assert sim0["blocks"] == [0, 1, 2] and sim0["slots"] == 2 and sim0["uploaded_bytes"] > 0
 
 
-def test_gpu_grow_grows_streamed_blocks_as_streamed(four_blocks, cache_dir):
-    model = load(four_blocks, devices=f"sim:0={BUDGET}", placement="*=sim:0~", gpu_grow=True, ctx=128,
+def test_gpu_grow_grows_streamed_blocks_as_streamed(tiny_four_blocks, cache_dir):
+    model = load(tiny_four_blocks, devices=f"sim:0={BUDGET}", placement="*=sim:0~", gpu_grow=True, ctx=128,
                  cache_dir=cache_dir, cpu_kernels="exact")
     assert model.grow_queue[:2] == [(0, "sim:0~"), (1, "sim:0~")]
-    assert model.generate_ids(PROMPT, 6) == _load(four_blocks, cache_dir).generate_ids(PROMPT, 6)
+    assert model.generate_ids(PROMPT, 6) == _load(tiny_four_blocks, cache_dir).generate_ids(PROMPT, 6)
     assert all(u.device.name == "sim:0" and u.stream is not None for u in model.executor.blocks)
 
 
-def test_a_failing_streaming_device_finishes_on_the_host(four_blocks, cache_dir):
-    resident = _load(four_blocks, cache_dir).generate_ids(PROMPT, 8)
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+def test_a_failing_streaming_device_finishes_on_the_host(tiny_four_blocks, cache_dir):
+    resident = _load(tiny_four_blocks, cache_dir).generate_ids(PROMPT, 8)
+    model = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
     model.devices["sim:0"].backend.faults.launch = True
     assert model.generate_ids(PROMPT, 8) == resident
     assert all(u.device.name == "host" and u.stream is None for u in model.executor.blocks)
     assert model.devices["sim:0"].used_bytes == 0 and not model.executor.streams["sim:0"].slots
 
 
-def test_a_move_that_cannot_get_slots_is_refused(four_blocks, cache_dir):
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=30000", "*=sim:0~")
+def test_a_move_that_cannot_get_slots_is_refused(tiny_four_blocks, cache_dir):
+    model = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET},sim:1=30000", "*=sim:0~")
     with pytest.raises(JitllmError, match="sim:1 cannot hold"):
         model.move("2", "sim:1~")
     assert model.executor.blocks[2].device.name == "sim:0" and not model.executor.streams.get("sim:1")
 
 
-def test_budget_smaller_than_the_slots_is_refused(four_blocks, cache_dir):
+def test_budget_smaller_than_the_slots_is_refused(tiny_four_blocks, cache_dir):
     with pytest.raises(JitllmError) as e:
-        _load(four_blocks, cache_dir, "sim:0=40000", "*=sim:0~")
+        _load(tiny_four_blocks, cache_dir, "sim:0=40000", "*=sim:0~")
     assert "cannot hold 2 streaming slots of 23.0 KiB" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -219,7 +209,7 @@ class _AsyncSim:
         return getattr(self.inner, name)
 
 
-def test_async_copy_queue_path_orders_uploads_by_markers(four_blocks, cache_dir, resident, monkeypatch):
+def test_async_copy_queue_path_orders_uploads_by_markers(tiny_four_blocks, cache_dir, resident, monkeypatch):
     made = fake.make_device
 
     def async_sim(choice, cpu_kernels, gpu_kernels):
@@ -228,13 +218,13 @@ def test_async_copy_queue_path_orders_uploads_by_markers(four_blocks, cache_dir,
         return device
 
     monkeypatch.setattr(fake, "make_device", async_sim)
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    model = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
     assert all(np.array_equal(a, b) for a, b in zip(_logits(model), resident, strict=True))
     queue = model.devices["sim:0"].backend.queue
     assert queue.uploads == 4 * (STEPS + 1) + 1 and queue.device_waits_seen == 4 * (STEPS + 1)
 
 
-def test_cli_streams_and_says_so(four_blocks, cache_dir, monkeypatch):
+def test_cli_streams_and_says_so(tiny_four_blocks, cache_dir, monkeypatch):
     """`jitllm run -v` (in this process) prints the slots and a token's uploads, and what streamed; a budget
     smaller than the slots is one line."""
     from click.testing import CliRunner
@@ -244,7 +234,7 @@ def test_cli_streams_and_says_so(four_blocks, cache_dir, monkeypatch):
     monkeypatch.setenv("JITLLM_CACHE_DIR", str(cache_dir))
 
     def run(*flags):
-        args = ["run", "-n", "4", "-temp", "0", str(four_blocks), "hello", "-placement", "*=sim:0~", *flags]
+        args = ["run", "-n", "4", "-temp", "0", str(tiny_four_blocks), "hello", "-placement", "*=sim:0~", *flags]
         return CliRunner().invoke(main, args)
 
     ok = run("-devices", f"sim:0={BUDGET}", "-v", "-cpu-kernels", "exact")
@@ -305,7 +295,7 @@ class StreamDriver:
         return 0
 
 
-def test_cuda_copy_queue_drives_a_stream_and_events(four_blocks, cache_dir, resident, monkeypatch):
+def test_cuda_copy_queue_drives_a_stream_and_events(tiny_four_blocks, cache_dir, resident, monkeypatch):
     """CudaCopyQueue (what a CUDA device streams with) against a stand-in driver on a simulated device: the
     weights arrive (logits as a resident run's), each copy runs on the copy stream after it waited for the
     slot's kernels event, and the kernels' stream waits for each copy's event."""
@@ -326,7 +316,7 @@ def test_cuda_copy_queue_drives_a_stream_and_events(four_blocks, cache_dir, resi
         return device
 
     monkeypatch.setattr(fake, "make_device", cuda_like)
-    model = _load(four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
+    model = _load(tiny_four_blocks, cache_dir, f"sim:0={BUDGET}", "*=sim:0~")
     assert all(np.array_equal(a, b) for a, b in zip(_logits(model), resident, strict=True))
     calls = driver.calls
     copies = [i for i, c in enumerate(calls) if c[0] == "copy"]

@@ -189,8 +189,8 @@ class SlotPool:
         else:  # read from the file straight into the staging buffer: no mapped page faulted in
             self._queue.host_waits(slot.ready)  # (the staging buffer's last upload has left it)
             staging = slot.staging[:source.padded]
-            for name, (part, at) in zip(source.names, part_offsets(source.groups, source.layout), strict=True):
-                self._file.read_into(name, staging[at:at + part.nbytes])
+            self._file.read_into((name, staging[at:at + part.nbytes]) for name, (part, at) in
+                                 zip(source.names, part_offsets(source.groups, source.layout), strict=True))
             region = self.device.region(slot.buffer, (source.padded,), "uint8", 0)
             self._queue.upload(region, staging, after=slot.free, done=slot.ready)
         slot.holder = index

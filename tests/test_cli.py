@@ -59,6 +59,10 @@ def test_compile_reports_compiled_then_cached(tiny_model, tmp_path):
     assert not (tmp_path / "unused").exists()
     run = jitllm("run", "-n", "2", "-devices", "cpu", str(tiny_model), "x", cache=tmp_path)  # default kernels
     assert run.returncode == 0 and "compiled" not in run.stderr, run.stderr  # all of them compiled ahead
+    assert " ragged (blocks 0-" in first.stdout and " ragged (head)" in first.stdout, first.stdout
+    batch = jitllm("batch", "-devices", "cpu", "-b", "2", "-p", "4", "-n", "2", "-r", "1", str(tiny_model),
+                   cache=tmp_path)  # (batched steps: the ragged variants)
+    assert batch.returncode == 0 and "compiled" not in batch.stderr, batch.stderr
 
 
 def test_run_compiles_missing_artifacts_and_says_so(tiny_model, tmp_path):

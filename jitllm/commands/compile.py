@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import click
 
@@ -26,8 +27,11 @@ TARGET_NAMES = ("llvm", "cuda", "onnxruntime", "webgpu")
 @opt("cache", "cache_dir", default=None, help="cache directory (default ./cache or $JITLLM_CACHE_DIR)")
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
                     cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
-    """Compile every block kind of MODEL for a target into the cache."""
+    """Compile every block kind of MODEL for a target into the cache (with the decode and the batched-step
+    variants the target runs)."""
     from jitllm.core.jlm import JlmFile
+    from jitllm.ir.block_type import RECURRENT
+    from jitllm.ir.blocks import block_type
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets import TARGETS, get_target
@@ -43,16 +47,19 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
         layout = ModelLayout.from_file(JlmFile(regular_file(model)))
     family = {"cpu-kernels": cpu_kernels, "gpu-kernels": gpu_kernels}.get(TARGETS[target_name].caps.kernels_flag, "fast")
     target = get_target(target_name, arch, family)
-    kinds = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))
+    general = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))
+    kinds = list(general)
     if target.caps.decode_variants:
-        kinds += [k.decode_variant() for k in kinds]
+        kinds += [k.decode_variant() for k in general]
+    if target.caps.ragged_batches and all(block_type(k).state != RECURRENT for k in layout.block_kinds):
+        kinds += [k.ragged_variant() for k in general]  # (`jitllm batch` and jitllmd's batched steps)
     cache_dir = cache_dir or os.environ.get("JITLLM_CACHE_DIR")
     built = cached = 0
     for kind in kinds:
         artifact = get_artifact(kind, target, cache_dir)
         users = [str(i) for i, k in enumerate(layout.block_kinds)
-                 if kind_for_target(k, target).decode_variant() == kind.decode_variant()] or ["head"]
-        what = f"{kind.kind}{' decode' if kind.decode else ''} ({_span(users)})"
+                 if kind_for_target(k, target) == replace(kind, decode=False, ragged=False)] or ["head"]
+        what = f"{kind.kind}{' decode' if kind.decode else ''}{' ragged' if kind.ragged else ''} ({_span(users)})"
         if artifact.built:
             built += 1
             click.echo(f"compiled {what} for {target.name} in {artifact.seconds:.1f}s -> {artifact.path}")

@@ -20,9 +20,11 @@ import tvm
 from jitllm.core.layouts import FLOAT_TYPES, K_QUANTS, WEIGHT_TYPES, weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind, ModelConfig
-from jitllm.lowering.targets.llvm import LlvmTarget, host_isa
+from jitllm.lowering.targets.llvm import LlvmTarget, host_isa, host_isas
 
-AVX2 = host_isa() == "avx2"
+AVX2 = host_isa() != "generic"
+FAST_ISAS = [isa for isa in host_isas() if isa != "generic"]
+"""Every instruction set this host runs fast kernels for (each one checked: the highest is the default)."""
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
 SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 2 or 3 workers
 K_SHAPES = [(64, 256), (1544, 512)]  # the K-quants take inputs in multiples of 256
@@ -87,7 +89,7 @@ def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bo
     lib = _build(funcs, tvm_target)
     for symbol, wtype, n, k, parts, w in cases:
         quantized_path = fast_expected and wtype.startswith("q")
-        assert ("_avx2" in symbol) == quantized_path, symbol
+        assert symbol.endswith(("_avx2", "_vnni")) == quantized_path, symbol
         for m in TOKENS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             def run(symbol=symbol, wtype=wtype, n=n, k=k, parts=parts, x=x):
@@ -113,10 +115,45 @@ def test_exact_kernels_match_numpy():
 
 
 @needs_avx2
-def test_fast_kernels_match_numpy_int8_emulation():
-    t = LlvmTarget("fast")
+@pytest.mark.parametrize("isa", FAST_ISAS)
+def test_fast_kernels_match_numpy_int8_emulation(isa):
+    t = LlvmTarget("fast", isa=isa)
     _check_linears(t, t.tvm_target(), ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"), fast_expected=True,
                    workers=(1, 2, 3))
+
+
+@pytest.mark.skipif("avx512vnni" not in host_isas(), reason="host has no AVX-512 VNNI/VBMI")
+def test_vnni_q4_kernels_give_the_avx2_kernels_integers_bit_for_bit():
+    """vpdpbusd sums the same int8 products as vpmaddubsw/vpmaddwd: outputs identical, prefill and decode."""
+    rng = np.random.default_rng(5)
+    for wtype in ("q4_0", "q4_1"):
+        n, k = 64, 256
+        parts = parts_from_float(wtype, (rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+        x = rng.standard_normal((70, k)).astype(np.float32)
+        outs = {}
+        for isa in ("avx2", "avx512vnni"):
+            t = LlvmTarget("fast", isa=isa)
+            symbol, func = t.linear_kernel(wtype, n, k)
+            assert symbol.endswith("_vnni" if isa == "avx512vnni" else "_avx2"), symbol
+            lib = _build({symbol: func}, t.tvm_target())
+            outs[isa] = [_run_linear(lib, symbol, wtype, n, k, parts, x[:m]) for m in (1, 70)]
+        for a, b in zip(outs["avx2"], outs["avx512vnni"], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_isa_is_chosen_from_the_host_or_named_lower(monkeypatch):
+    from jitllm.core.errors import JitllmError
+    from jitllm.lowering.targets.llvm import host_target_dict
+
+    monkeypatch.setenv("JITLLM_CPU_ISA", "generic")
+    assert host_isa() == "generic" and LlvmTarget("fast").isa == "generic"
+    assert host_target_dict().get("mcpu") in ("x86-64", "generic", None)
+    monkeypatch.setenv("JITLLM_CPU_ISA", "mmx")
+    with pytest.raises(JitllmError, match="JITLLM_CPU_ISA=mmx: this host runs generic"):
+        host_isa()
+    monkeypatch.delenv("JITLLM_CPU_ISA")
+    assert host_isa() == host_isas()[-1]
+    assert LlvmTarget("fast", isa="generic").cache_key() != LlvmTarget("fast").cache_key() or not AVX2
 
 
 @needs_avx2

@@ -1,11 +1,13 @@
 """The CPU target: TVM's llvm backend with a CPU model chosen from the host's features at run time.
 
-`mcpu=native` silently falls back to SSE2 on some hosts (DESIGN.md §3), so we name a level explicitly:
-x86-64-v3 where AVX2/FMA/F16C exist, plain x86-64 otherwise, and a generic target on other machines.
+`mcpu=native` silently falls back to SSE2 on some hosts (DESIGN.md §3), so we name a level explicitly, from
+the kernel instruction set the host's flags allow (ISA_FLAGS): x86-64-v4 with VNNI and VBMI, x86-64-v3
+where AVX2/FMA/F16C exist, plain x86-64 otherwise, and a generic target on other machines.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 
@@ -30,14 +32,51 @@ def host_cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def host_target_dict() -> dict:
-    machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64"):
-        level = "x86-64-v3" if {"avx2", "fma", "f16c"} <= host_cpu_flags() else "x86-64"
-        return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": level}
-    if machine in ("aarch64", "arm64"):
+ISA_FLAGS = {
+    "generic": frozenset(),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi"}),
+}
+"""The x86 kernel instruction sets, each a superset of the one before, and the host flags each needs:
+avx512vnni's q4 dot products are vpdpbusd over a vpermb-permuted chunk (kernels/cpu/avx2.py)."""
+
+_X86_TARGETS = {"generic": {"mcpu": "x86-64"}, "avx2": {"mcpu": "x86-64-v3"},
+                "avx512vnni": {"mcpu": "x86-64-v4", "mattr": ["+avx512vnni", "+avx512vbmi"]}}
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def host_isas() -> tuple[str, ...]:
+    """The instruction sets this host runs, lowest first."""
+    if not _x86():
+        return ("generic",)
+    return tuple(isa for isa, needs in ISA_FLAGS.items() if needs <= host_cpu_flags())
+
+
+def host_isa() -> str:
+    """The kernel instruction set used here: the host's highest, or JITLLM_CPU_ISA where set (to compile
+    for, or compare with, a lower one: e.g. avx2 for a machine whose CPU is not known here)."""
+    chosen = os.environ.get("JITLLM_CPU_ISA")
+    if not chosen:
+        return host_isas()[-1]
+    if chosen not in host_isas():
+        raise JitllmError(f"JITLLM_CPU_ISA={chosen}: this host runs {', '.join(host_isas())}")
+    return chosen
+
+
+def isa_target_dict(isa: str) -> dict:
+    """TVM's llvm target for kernels of `isa` on this host's architecture."""
+    if _x86():
+        return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", **_X86_TARGETS[isa]}
+    if platform.machine().lower() in ("aarch64", "arm64"):
         return {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic"}
     return {"kind": "llvm"}
+
+
+def host_target_dict() -> dict:
+    return isa_target_dict(host_isa())
 
 
 def relax_pipeline() -> tvm.transform.Pass:
@@ -134,11 +173,6 @@ def _legalize_sigmoid(bb, call):
     return bb.call_te(compute, call.args[0], primfunc_name_hint="fast_sigmoid")
 
 
-def host_isa() -> str:
-    """The kernel instruction set for this host: "avx2" where the x86-64-v3 target is chosen."""
-    return "avx2" if host_target_dict().get("mcpu") == "x86-64-v3" else "generic"
-
-
 class LlvmTarget(KernelSet):
     """Host CPU kernels: kernels/cpu (imported only to compile, since a runtime-only TVM has no TVMScript).
 
@@ -163,8 +197,8 @@ class LlvmTarget(KernelSet):
     def __init__(self, kernels: str = "exact", isa: str | None = None):
         if kernels not in KERNELS:
             raise JitllmError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
-        if isa not in (None, "generic", host_isa()):
-            raise JitllmError(f"CPU kernels for {isa!r} cannot run on this host ({host_isa()})")
+        if isa not in (None, *host_isas()):
+            raise JitllmError(f"CPU kernels for {isa!r} cannot run on this host ({', '.join(host_isas())})")
         self.kernels = kernels
         self.isa = isa or host_isa()
 
@@ -215,11 +249,12 @@ class LlvmTarget(KernelSet):
         return recurrence_kernel(kind)
 
     def tvm_target(self) -> tvm.target.Target:
-        return tvm.target.Target(host_target_dict())
+        return tvm.target.Target(isa_target_dict(self.isa))
 
     def build(self, mod: tvm.IRModule):
         with tvm.transform.PassContext(opt_level=3):
             return tvm.compile(mod, target=self.tvm_target(), relax_pipeline=relax_pipeline())
 
     def cache_key(self) -> dict:
-        return {"target": host_target_dict(), "arch": platform.machine(), "kernels": self.kernels, "isa": self.isa}
+        return {"target": isa_target_dict(self.isa), "arch": platform.machine(), "kernels": self.kernels,
+                "isa": self.isa}

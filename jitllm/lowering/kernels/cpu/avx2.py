@@ -27,6 +27,10 @@ _PAIRS = [(p % 2) * 8 + p // 2 for p in range(16)]
 W_SHUFFLE = _PAIRS + [16 + i for i in _PAIRS]
 # Activation bytes matching W_SHUFFLE for the elements 4c..4c+3 of a 32-block (c = 0..7).
 X_PATTERN = [[4 * c + 2 * (p // 16) + p % 2 for p in range(32)] for c in range(8)]
+# VNNI (vpdpbusd sums 4 adjacent bytes into one 32-bit lane): a cross-lane byte permutation (vpermb,
+# AVX-512 VBMI) of the same chunk -> [r0: j0 j1 j2 j3, r1: ..., r7: ...], and activation bytes to match.
+W_VNNI = [8 * (p % 4) + p // 4 for p in range(32)]
+X_VNNI = [[4 * c + p % 4 for p in range(32)] for c in range(8)]
 # 16-bit interleave of two vectors within each 128-bit lane (vpunpcklwd / vpunpckhwd).
 UNPACK_LO = [0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27]
 UNPACK_HI = [4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31]
@@ -54,6 +58,11 @@ def maddubs(a, b):
     return T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a, b)
 
 
+def dpbusd(acc, a, b):
+    """vpdpbusd (AVX-512 VNNI, 256-bit): u8 x s8 products, each 4 adjacent summed into acc's int32 lanes."""
+    return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx512.vpdpbusd.256", acc, a, b)
+
+
 def maddwd(a, b):
     return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", a, b)
 
@@ -73,11 +82,11 @@ def widen_halves(s16):
             + T.Cast("int32x8", T.Shuffle([s16], list(range(8, 16)))))
 
 
-def quantize_activations(half_sums: bool = False):
+def quantize_activations(half_sums: bool = False, pattern: list[list[int]] = X_PATTERN):
     """A macro quantizing the 32-block x[m, b] to int8: scale xd, xs = xd * sum(q), and the activation byte
     patterns xe[t, b, c] (X_PATTERN[c]) the AVX2 dot products read, stored at row t. With `half_sums`,
     xs[t, 2b + h] = xd * sum(q) over the block's half h (elements 16h..16h+15) instead."""
-    P = X_PATTERN
+    P = pattern
 
     @T.macro
     def quantize(x, xe, xd, xs, m, t, b):
@@ -122,7 +131,7 @@ def worker_count():
 
 
 def avx2_driver(G: int, NB: int, weight_bytes: int, row_block, warm=None, warm_groups: int = 0,
-                half_sums: bool = False):
+                half_sums: bool = False, pattern: list[list[int]] = X_PATTERN):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
     (cnt tokens: y rows m0.., activation rows t0..).
 
@@ -136,7 +145,7 @@ def avx2_driver(G: int, NB: int, weight_bytes: int, row_block, warm=None, warm_g
     first `warm_groups` groups, so their DRAM reads overlap the activation quantization instead of
     starting when the loop reaches them (every call starts its streams cold). `half_sums`: xs holds the
     activation sums per half block (quantize_activations)."""
-    quantize = quantize_activations(half_sums)
+    quantize = quantize_activations(half_sums, pattern)
     small = weight_bytes < SERIAL_BYTES
     NBP = (NB + 15) // 16 * 16 + 16  # per-token scale rows padded to whole cache lines (no false sharing)
 

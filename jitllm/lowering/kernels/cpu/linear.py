@@ -15,7 +15,10 @@ Two families, chosen by the target's `kernels` setting:
   tokens per weight decode and walks the tokens in L2-sized chunks. Float weights (f32, f16, bf16)
   keep f32 activations (the fast float kernel only splits the K sum over 4 accumulators).
   Without AVX2 (`isa="generic"`) the quantized formats use the exact kernels: no x86 intrinsic is
-  ever emitted for a target that lacks it.
+  ever emitted for a target that lacks it. With AVX-512 VNNI and VBMI (`isa="avx512vnni"`) the Q4_0/Q4_1
+  dot products are `vpdpbusd` straight into 32-bit row sums (the same integers, fewer instructions:
+  SmolLM2-shaped and 1B-shaped matrices 1.4-2.7x faster on one core here); the other formats keep the AVX2
+  code, which that target runs too.
 
 The AVX2 machinery (intrinsics, activation quantization, the loop nest) is in kernels/cpu/avx2.py; the
 5-bit, 6-bit and K-quant formats' kernels (both families) in kernels/cpu/linear_wide.py. bf16 weights are
@@ -33,7 +36,11 @@ from jitllm.lowering.kernels.cpu.avx2 import (
     UNPACK_HI,
     UNPACK_LO,
     W_SHUFFLE,
+    W_VNNI,
+    X_PATTERN,
+    X_VNNI,
     avx2_driver,
+    dpbusd,
     maddubs,
     maddwd,
     prefetch,
@@ -45,7 +52,6 @@ from jitllm.lowering.kernels.formats import FLOAT_STORAGE, float_weight
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")
-ISAS = ("avx2", "generic")
 
 
 def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic"
@@ -58,11 +64,12 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
     if kernels == "fast" and wtype in FLOAT_TYPES:
         func, variant = _float_fast(wtype, g, k), "fast"
     elif wtype in WIDE_TYPES:
-        fast = kernels == "fast" and isa == "avx2"
+        fast = kernels == "fast" and isa != "generic"
         func, variant = linear_wide_kernel(wtype, g, k, fast), "avx2" if fast else "exact"
-    elif kernels == "fast" and isa == "avx2" and wtype in ("q4_0", "q4_1"):
-        func, variant = _q4_avx2(wtype, g, k), "avx2"
-    elif kernels == "fast" and isa == "avx2" and wtype == "q8_0":
+    elif kernels == "fast" and isa != "generic" and wtype in ("q4_0", "q4_1"):
+        vnni = isa == "avx512vnni"
+        func, variant = _q4_avx2(wtype, g, k, vnni=vnni), "vnni" if vnni else "avx2"
+    elif kernels == "fast" and isa != "generic" and wtype == "q8_0":
         func, variant = _q8_0_avx2(g, k), "avx2"
     else:
         factory = {"f32": _float, "f16": _float, "bf16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
@@ -212,9 +219,9 @@ def _float_fast(wtype: str, G: int, K: int):
 
 
 def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, prefetch_scales: bool = False,
-             warm: bool = True):
+             warm: bool = True, vnni: bool = False):
     NB = K // QUANT_BLOCK
-    S = W_SHUFFLE
+    S = W_VNNI if vnni else W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
     PF = max(1, round(prefetch_bytes / (NB * 16 * R)))
 
@@ -228,6 +235,17 @@ def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, p
                 + maddubs(T.shift_right(w2, T.uint8x32(4)), xe.vload([t, b, 6, 0], "int8x32"))
                 + maddubs(T.bitwise_and(w3, lo), xe.vload([t, b, 3, 0], "int8x32"))
                 + maddubs(T.shift_right(w3, T.uint8x32(4)), xe.vload([t, b, 7, 0], "int8x32")))
+
+    def nib_dot(w0, w1, w2, w3, xe, t, b):
+        """The VNNI form of widen_halves(nib_sum(...)): the row sums accumulated in 32 bits directly."""
+        lo, acc = T.uint8x32(15), T.int32x8(0)
+        for k, w in enumerate((w0, w1, w2, w3)):
+            acc = dpbusd(acc, T.bitwise_and(w, lo), xe.vload([t, b, k, 0], "int8x32"))
+            acc = dpbusd(acc, T.shift_right(w, T.uint8x32(4)), xe.vload([t, b, k + 4, 0], "int8x32"))
+        return acc
+
+    def row_sums(w0, w1, w2, w3, xe, t, b):
+        return nib_dot(w0, w1, w2, w3, xe, t, b) if vnni else widen_halves(nib_sum(w0, w1, w2, w3, xe, t, b))
 
     def offset(d, mn, g, b):
         # the per-block term multiplying xs = d_x * sum(q_x): m (Q4_1) or -8 d (Q4_0)
@@ -251,7 +269,7 @@ def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, p
         for i in T.unroll(cnt):
             y[m0 + i, g, T.ramp(0, 1, R)] = (
                 y[m0 + i, g, T.ramp(0, 1, R)]
-                + T.Cast("float32x8", widen_halves(nib_sum(w0, w1, w2, w3, xe, t0 + i, b)))
+                + T.Cast("float32x8", row_sums(w0, w1, w2, w3, xe, t0 + i, b))
                 * (dw * T.Broadcast(xd[t0 + i, b], R))
                 + ow * T.Broadcast(xs[t0 + i, b], R))
 
@@ -264,7 +282,8 @@ def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, p
             if is_q4_1:
                 T.evaluate(prefetch(mn, [g, b, 0]))
 
-    body = avx2_driver(G, NB, G * NB * (16 + 2 * 2) * R, row_block, warm_block, PF if warm else 0)
+    body = avx2_driver(G, NB, G * NB * (16 + 2 * 2) * R, row_block, warm_block, PF if warm else 0,
+                       pattern=X_VNNI if vnni else X_PATTERN)
 
     if is_q4_1:
         @T.prim_func

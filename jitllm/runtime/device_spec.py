@@ -231,7 +231,9 @@ def _ordinal(sel: str, entry: str) -> int:
 def _rank(devices: list[GpuDevice], timer: Timer | None) -> list[GpuDevice]:
     """Fastest first: by the timer if there is one, else by bandwidth estimate, with unknown speeds
     ordered discrete before unified and by backend preference."""
-    if timer is not None and len(devices) > 1:
+    if len(devices) < 2:
+        return list(devices)
+    if timer is not None:
         times = {d: timer(d) for d in devices}
         return sorted(devices, key=lambda d: (d.software, times[d]))
     return sorted(devices, key=lambda d: (d.software, -d.speed, d.unified, BACKENDS.index(d.backend),

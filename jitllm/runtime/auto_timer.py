@@ -41,8 +41,10 @@ class AutoTimer:
     machine's cache or measured now (`measure`) and added to it. Failures to measure a device count as
     infinitely slow (it is not picked) and are said in -v, never raised."""
 
-    def __init__(self, measure: Measure, material: dict, path: Path, kernel: str) -> None:
-        self.measure, self.material, self.path, self.kernel = measure, material, path, kernel
+    def __init__(self, measure: Measure, material: dict, path: Path, kernel: str, left_out: tuple[str, ...] = ()
+                 ) -> None:
+        """`left_out`: the GPUs auto never picks, each with why (said where nothing was timed)."""
+        self.measure, self.material, self.path, self.kernel, self.left_out = measure, material, path, kernel, left_out
         self.cached, self.problem = read_timings(path, material)
         self.seconds: dict[str, float] = {}
         self.measured: list[str] = []
@@ -66,7 +68,8 @@ class AutoTimer:
     def describe(self, picked: str) -> str:
         """The -v line: each device's time per call, where the figures came from, and the pick."""
         if not self.seconds:
-            return f"auto: no GPU here that auto may pick (jitllm hardware), nothing timed -> {picked}"
+            why = f" ({'; '.join(self.left_out)})" if self.left_out else ""
+            return f"auto: no GPU here that auto may pick{why}, nothing timed -> {picked}"
         times = ", ".join(f"{n} {_ms(s)}" + (f" ({self.errors[n]})" if n in self.errors else "")
                           for n, s in sorted(self.seconds.items(), key=lambda t: t[1]))
         source = (f"measured now: {', '.join(self.measured)}; kept in {self.path}" if self.measured
@@ -95,7 +98,9 @@ def head_timer(file: JlmFile, layout: ModelLayout, inventory: Inventory, workers
         return head_seconds(host if device is None else _device(device, cpu_kernels, gpu_kernels), file,
                             layout, cache_dir, log)
 
-    return AutoTimer(measure, material, timing_path(material, root), kernel)
+    left_out = tuple(f"{g.spec_name} {g.name}: " + ("a software adapter" if g.software else g.unusable)
+                     for g in inventory.gpus if g.software or g.unusable is not None)
+    return AutoTimer(measure, material, timing_path(material, root), kernel, left_out)
 
 
 def _device(gpu: GpuDevice, cpu_kernels: str, gpu_kernels: str) -> Device:

@@ -134,3 +134,18 @@ def test_a_run_times_the_cpu_against_a_gpu_and_then_reads_the_cache(tiny_model, 
     load(tiny_model, devices="auto", cache_dir=cache_dir, log=lines.append)
     (line,) = [x for x in lines if x.startswith("auto: ")]
     assert f"(from {kept})" in line
+
+
+def test_a_machine_without_a_gpu_auto_may_pick_times_nothing(tiny_model, tmp_path):
+    from jitllm.core.jlm import JlmFile
+    from jitllm.runtime.auto_timer import head_timer
+    from jitllm.runtime.model_layout import ModelLayout
+
+    software = GpuDevice(-1, "vulkan", 0, "llvmpipe", 16 * GIB, 8 * GIB, unified=True, software=True)
+    inventory = Inventory.from_views([software], CPU)
+    file = JlmFile(tiny_model)
+    t = head_timer(file, ModelLayout.from_file(file), inventory, 2, "fast", "fast", None, None, None, root=tmp_path)
+    assert parse_devices("auto", inventory, timer=t) == []
+    assert t.describe("the CPU") == ("auto: no GPU here that auto may pick (vulkan:0 llvmpipe: a software adapter), "
+                                     "nothing timed -> the CPU")
+    assert list(tmp_path.iterdir()) == []

@@ -59,7 +59,8 @@ class AutoTimer:
                 try:
                     self.seconds[name] = self.measure(device)
                 except Exception as e:  # (compilers and drivers raise their own types: the device just loses)
-                    self.seconds[name], self.errors[name] = math.inf, str(e).splitlines()[0] if str(e) else type(e).__name__
+                    self.seconds[name] = math.inf
+                    self.errors[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 self.measured.append(name)
                 problem = write_timings(self.path, self.material, {**self.cached, **self.seconds})
                 self.problem = problem or self.problem

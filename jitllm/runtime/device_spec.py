@@ -86,8 +86,8 @@ def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
     `vram` is one budget for every device; an entry's own `=BYTES` wins over it. Unified-memory
     devices draw their default budget from host memory not yet promised to another unified device
     (see `host_budget`). `timer`, when given, ranks devices where there is a choice (`all`, bare `gpu`,
-    `cuda`, `vulkan`) and makes `auto` the CPU alone where the CPU runs its kernel no slower than the fastest GPU. `remote`
-    resolves `NODE/DEVICE` entries (devices of other nodes of a cluster).
+    `cuda`, `vulkan`) and makes `auto` the CPU alone where the CPU runs its kernel no slower than the
+    fastest GPU. `remote` resolves `NODE/DEVICE` entries (devices of other nodes of a cluster).
     """
     for flag, value in (("-devices", text), ("-vram", vram)):
         if value is not None and not value.isprintable():

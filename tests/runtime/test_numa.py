@@ -15,7 +15,15 @@ from sysfs_fakes import fake_sysfs
 from jitllm.core.errors import JitllmError
 from jitllm.runtime import loading, numa
 from jitllm.runtime.inventory import detect_cpu
-from jitllm.runtime.numa import MPOL_DEFAULT, MPOL_INTERLEAVE, Interleaver, MemPolicy, NumaPlan, current_policy, numa_plan
+from jitllm.runtime.numa import (
+    MPOL_DEFAULT,
+    MPOL_INTERLEAVE,
+    Interleaver,
+    MemPolicy,
+    NumaPlan,
+    current_policy,
+    numa_plan,
+)
 from jitllm.runtime.workers import choose_workers
 
 TWO_SOCKETS = {0: [0, 1], 1: [2, 3]}
@@ -34,7 +42,8 @@ def test_workers_on_two_nodes_interleave_the_weights_across_both():
 @pytest.mark.parametrize("cpus, environ, policy, why", [
     ((0, 1), {}, FREE, "the workers run on node 0 alone"),
     ((0, 2), {"JITLLM_NUMA": "off"}, FREE, "JITLLM_NUMA=off"),
-    ((0, 2), {}, MemPolicy(MPOL_INTERLEAVE, (0, 1), (0, 1)), "a memory policy is already set (interleave over nodes 0-1, numactl?): kept"),
+    ((0, 2), {}, MemPolicy(MPOL_INTERLEAVE, (0, 1), (0, 1)),
+     "a memory policy is already set (interleave over nodes 0-1, numactl?): kept"),
     ((0, 2), {}, MemPolicy(2, (1,), (0, 1)), "a memory policy is already set (bind over nodes 1, numactl?): kept"),
     ((0, 2), {}, MemPolicy(MPOL_DEFAULT, (), (1,)), "the cpuset allows node 1 only"),
     ((0, 2), {}, "Function not implemented", "the memory policy could not be read: Function not implemented"),

@@ -5,12 +5,16 @@ node, and a load whose host weights are interleaved. No multi-node machine runs 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 from sysfs_fakes import fake_sysfs
+from test_cli import assert_one_line_error
 
 from jitllm.core.errors import JitllmError
 from jitllm.runtime import loading, numa
@@ -145,3 +149,10 @@ def test_a_load_interleaves_every_host_weights_buffer(tiny_model, cache_dir, mon
     lines.clear()
     load(tiny_model, devices="cpu", cache_dir=cache_dir, log=lines.append)
     assert "NUMA: host weights left to first touch (JITLLM_NUMA=off)" in lines
+
+
+def test_a_bad_setting_is_one_line_from_the_cli(tiny_model, cache_dir):
+    env = dict(os.environ, JITLLM_CACHE_DIR=str(cache_dir), JITLLM_NUMA="sometimes")
+    result = subprocess.run([sys.executable, "-m", "jitllm", "run", "-n", "2", "-devices", "cpu", str(tiny_model), "hi"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert_one_line_error(result, "JITLLM_NUMA='sometimes': expected on or off")

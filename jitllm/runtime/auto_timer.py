@@ -49,6 +49,8 @@ class AutoTimer:
         self.seconds: dict[str, float] = {}
         self.measured: list[str] = []
         self.errors: dict[str, str] = {}
+        self.unwritten: str | None = None
+        """Why the timings measured now could not be kept (None: they were, or nothing was measured)."""
 
     def __call__(self, device: GpuDevice | None) -> float:
         name = CPU if device is None else device.spec_name
@@ -62,8 +64,7 @@ class AutoTimer:
                     self.seconds[name] = math.inf
                     self.errors[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 self.measured.append(name)
-                problem = write_timings(self.path, self.material, {**self.cached, **self.seconds})
-                self.problem = problem or self.problem
+                self.unwritten = write_timings(self.path, self.material, {**self.cached, **self.seconds})
         return self.seconds[name]
 
     def describe(self, picked: str) -> str:
@@ -73,8 +74,8 @@ class AutoTimer:
             return f"auto: no GPU here that auto may pick{why}, nothing timed -> {picked}"
         times = ", ".join(f"{n} {_ms(s)}" + (f" ({self.errors[n]})" if n in self.errors else "")
                           for n, s in sorted(self.seconds.items(), key=lambda t: t[1]))
-        source = (f"measured now: {', '.join(self.measured)}; kept in {self.path}" if self.measured
-                  else f"from {self.path}")
+        kept = self.unwritten or f"kept in {self.path}"
+        source = f"measured now: {', '.join(self.measured)}; {kept}" if self.measured else f"from {self.path}"
         note = f"; {self.problem}" if self.problem else ""
         return f"auto: {self.kernel} per call: {times} ({source}{note}) -> {picked}"
 

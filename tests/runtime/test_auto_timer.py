@@ -149,3 +149,10 @@ def test_a_machine_without_a_gpu_auto_may_pick_times_nothing(tiny_model, tmp_pat
     assert t.describe("the CPU") == ("auto: no GPU here that auto may pick (vulkan:0 llvmpipe: a software adapter), "
                                      "nothing timed -> the CPU")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_timings_that_cannot_be_kept_are_said_and_the_run_goes_on(tmp_path):
+    (tmp_path / "auto").write_text("a file where the folder should be")
+    t = timer(tmp_path, Measure(cpu=1e-3, vulkan0=3e-3))
+    assert parse_devices("auto", Inventory.from_views([IGPU], CPU), timer=t) == []
+    assert f"measured now: cpu, vulkan:0; cannot write {t.path}: " in t.describe("the CPU")

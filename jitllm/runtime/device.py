@@ -41,6 +41,9 @@ class Device:
     weight_pool: object | None = field(default=None, repr=False)
     """Where the weights buffers of units that left this device are kept for the next ones to arrive
     (backends/buffer_pool.py): CUDA devices, and the host while its memory is page-locked."""
+    place_weights: Callable[[Tensor], None] | None = field(default=None, repr=False)
+    """Applied to each new weights buffer before its weights are written (the host's NUMA interleaving:
+    runtime/numa.py); None: where the allocator put it."""
 
     def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
         """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
@@ -106,7 +109,10 @@ class Device:
             kept = self.weight_pool.take(nbytes, layout)
             if kept is not None:
                 return kept
-        return self.empty((nbytes,), "uint8"), None
+        buffer = self.empty((nbytes,), "uint8")
+        if self.place_weights is not None:
+            self.place_weights(buffer)
+        return buffer, None
 
     def with_room(self, allocate: Callable[[], T]) -> T:
         """`allocate()`; where it fails while the weight pool keeps buffers, again once they are let go."""

@@ -34,8 +34,8 @@ _SIZE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?)(?:i?b)?", re.IGN
 _DIGITS = re.compile(r"[0-9]+")
 _KINDS = "auto, all, cpu, gpu[:N], cuda[:ORD], vulkan[:SEL], metal or ort[:cuda[:ORD]]"
 
-Timer = Callable[[GpuDevice], float]
-"""Seconds one reference kernel takes on a device (lower is faster); supplied by the runtime."""
+Timer = Callable[[GpuDevice | None], float]
+"""Seconds one reference kernel takes on a device, None the CPU (lower is faster): jitllm.runtime.auto_timer."""
 
 Remote = Callable[[str, str], GpuDevice]
 """The device a `NODE/DEVICE` entry names on another node of a cluster (spec, entry as written):
@@ -85,8 +85,9 @@ def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
 
     `vram` is one budget for every device; an entry's own `=BYTES` wins over it. Unified-memory
     devices draw their default budget from host memory not yet promised to another unified device
-    (see `host_budget`). `timer`, when given, ranks devices for `auto`, `all` and bare `gpu`. `remote`
-    resolves `NODE/DEVICE` entries (devices of other nodes of a cluster).
+    (see `host_budget`). `timer`, when given, ranks devices where there is a choice (`all`, bare `gpu`,
+    `cuda`, `vulkan`) and makes `auto` the CPU alone where the CPU runs its kernel no slower than the
+    fastest GPU. `remote` resolves `NODE/DEVICE` entries (devices of other nodes of a cluster).
     """
     for flag, value in (("-devices", text), ("-vram", vram)):
         if value is not None and not value.isprintable():
@@ -138,7 +139,8 @@ def _resolve(spec: str, entry: str, inventory: Inventory, timer: Timer | None) -
     if not colon and kind == "cpu":
         return []
     if not colon and kind == "auto":
-        return _rank(hardware, timer)[:1]
+        fastest = _rank(hardware, timer)[:1]
+        return [] if fastest and timer is not None and timer(None) <= timer(fastest[0]) else fastest
     if not colon and kind == "all":
         return _rank(hardware, timer)
     if kind == "gpu":
@@ -229,6 +231,8 @@ def _ordinal(sel: str, entry: str) -> int:
 def _rank(devices: list[GpuDevice], timer: Timer | None) -> list[GpuDevice]:
     """Fastest first: by the timer if there is one, else by bandwidth estimate, with unknown speeds
     ordered discrete before unified and by backend preference."""
+    if len(devices) < 2:
+        return list(devices)
     if timer is not None:
         times = {d: timer(d) for d in devices}
         return sorted(devices, key=lambda d: (d.software, times[d]))

@@ -3,21 +3,25 @@ devices it names and the engine that runs the blocks where the plan put them."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.runtime.auto_timer import head_timer
 from jitllm.runtime.backends import link_peers, make_device
 from jitllm.runtime.backends.buffer_pool import pool_from_env
-from jitllm.runtime.backends.host import HOST, host_device, pool_size
+from jitllm.runtime.backends.host import HOST, host_device, placed_by_address, pool_size
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.inventory import detect_cpu
 from jitllm.runtime.model_layout import HEAD, ModelLayout
+from jitllm.runtime.numa import Interleaver, current_policy, numa_plan
 from jitllm.runtime.placement import Placement, PlacementOption, with_placement
 from jitllm.runtime.planner import Plan, plan
-from jitllm.runtime.workers import host_workers
+from jitllm.runtime.workers import Workers, host_workers
 
 DEFAULT_CTX = 4096
 
@@ -73,11 +77,21 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     weights and load (or compile) the artifacts."""
     from jitllm.runtime.device_spec import parse_devices
 
-    choices = []
+    workers = host_workers(options.threads)  # before any kernel starts this thread's pool (auto's timing runs one)
+    log = options.log
+    cache_dir = Path(options.cache_dir) if options.cache_dir else None
+    host = host_device(options.cpu_kernels)
+    interleaver = _numa(host, workers, log)
+    choices, timer = [], None
     if options.devices.strip().lower() != "cpu":
         from jitllm.runtime.inventory import detect_inventory
 
-        choices = parse_devices(options.devices, detect_inventory(), options.vram, remote=_remote(options.cluster))
+        inventory = detect_inventory()
+        timer = head_timer(file, layout, inventory, workers.count, options.cpu_kernels, options.gpu_kernels, host,
+                           cache_dir, log)
+        choices = parse_devices(options.devices, inventory, options.vram, timer=timer, remote=_remote(options.cluster))
+        if log and (timer.seconds or options.devices.strip().lower() == "auto"):
+            log(timer.describe(", ".join(c.name for c in choices) or "the CPU"))
     given = options.placement
     option = given if isinstance(given, PlacementOption) or given is None else with_placement(given)
     if option is not None:
@@ -85,12 +99,10 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
     the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices, option.placement if option else None,
                     options.gpu_layers, option.strict if option else False, host_name=HOST)
-    workers = host_workers(options.threads)  # before any kernel starts this thread's pool
-    log = options.log
     if log:
         log(the_plan.describe())
         log(workers.describe(pool_size()))
-    devices: dict[str, Device] = {HOST: host_device(options.cpu_kernels)}
+    devices: dict[str, Device] = {HOST: host}
     for choice in choices:
         devices[choice.name] = make_device(choice, options.cpu_kernels, options.gpu_kernels)
     for extra in options.extra_devices:
@@ -111,10 +123,24 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     context = min(options.ctx or DEFAULT_CTX, layout.config.context)
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
-    cache_dir = Path(options.cache_dir) if options.cache_dir else None
     streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
     executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
+    if log and interleaver is not None:
+        log(interleaver.describe())
     return Opened(file, layout, the_plan, devices, executor, grow)
+
+
+def _numa(host: Device, workers: Workers, log: Callable[[str], None] | None) -> Interleaver | None:
+    """The host's weights interleaved across the workers' NUMA nodes where runtime/numa.py says so (its
+    Interleaver, to report what it did), else None."""
+    the_plan = numa_plan(detect_cpu().numa_nodes, workers.cpus, os.environ, current_policy())
+    if log:
+        log(the_plan.describe())
+    if not the_plan.nodes:
+        return None
+    interleaver = Interleaver(the_plan.nodes)
+    host.place_weights = placed_by_address(interleaver)
+    return interleaver
 
 
 def _remote(address: str | None):

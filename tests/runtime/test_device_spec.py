@@ -106,8 +106,8 @@ def test_auto_picks_the_fastest_and_all_lists_fastest_first():
 
 
 def test_timer_hook_overrides_the_speed_estimate():
-    times = {"Small Card": 0.001, "Big Card": 0.002}
-    chosen = parse_devices("auto", TWO, timer=lambda d: times[d.name])
+    times = {"Small Card": 0.001, "Big Card": 0.002, "CPU": 0.01}  # (the timer's None: the CPU)
+    chosen = parse_devices("auto", TWO, timer=lambda d: times["CPU" if d is None else d.name])
     assert [c.name for c in chosen] == ["cuda:0"]
 
 

@@ -1,10 +1,10 @@
 """Inventory: folding backend views into cards, the CPU from a fake sysfs tree, `jitllm hardware`."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sysfs_fakes import fake_sysfs
 
 from jitllm.cli import main
 from jitllm.commands import hardware as hardware_command
@@ -85,18 +85,6 @@ def test_cuda_visible_devices_renumbers_ordinals(monkeypatch, spec, expected):
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
     assert inv._visible([0, 1, 2], ["GPU-a", "GPU-b", "GPU-c"]) == expected
-
-
-def fake_sysfs(root: Path, siblings: dict[int, str], extra: dict[str, str]) -> None:
-    files = {
-        "proc/cpuinfo": "processor\t: 0\nmodel name\t: Fake Core i9\nflags\t\t: fpu avx avx2 fma f16c avx_vnni\n"
-    }
-    for cpu, sib in siblings.items():
-        files[f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"] = sib
-    files.update(extra)
-    for path, text in files.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text + "\n")
 
 
 def test_cpu_hyperthreads_hybrid_cores_numa_and_mask(tmp_path):

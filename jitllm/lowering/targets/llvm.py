@@ -35,7 +35,7 @@ def host_cpu_flags() -> frozenset[str]:
 ISA_FLAGS = {
     "generic": frozenset(),
     "avx2": frozenset({"avx2", "fma", "f16c"}),
-    "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_vbmi"}),
+    "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"}),
 }
 """The x86 kernel instruction sets, each a superset of the one before, and the host flags each needs:
 avx512vnni's q4 dot products are vpdpbusd over a vpermb-permuted chunk (kernels/cpu/avx2.py)."""

@@ -31,7 +31,7 @@ class WebGpuTarget(KernelSet):
     caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, decode_appends_kv=True,
                       index_bits=32)
     sources = ("targets/webgpu.py", "kernels/webgpu", "kernels/cuda/basic.py", "kernels/cuda/pages.py",
-               "kernels/formats.py")
+               "kernels/formats.py", "kernels/kv_store.py")
 
     def __init__(self, kernels: str = "exact") -> None:
         if kernels not in KERNELS:

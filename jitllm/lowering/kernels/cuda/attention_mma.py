@@ -25,9 +25,9 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.kv_store import loaded
 from jitllm.lowering.kernels.cuda.basic import shfl_xor
 from jitllm.lowering.kernels.cuda.gemm import ldmatrix, mma
+from jitllm.lowering.kernels.kv_store import loaded
 
 NT = 128  # 4 warps
 BQ, BKV = 64, 32  # queries per thread block, keys per step

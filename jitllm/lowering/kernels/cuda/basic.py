@@ -20,8 +20,8 @@ from tvm.script import tirx as T
 
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.kv_store import loaded, stored
 from jitllm.lowering.kernels.formats import float_weight, union_parts, weight_value, without_params
+from jitllm.lowering.kernels.kv_store import loaded, stored
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two

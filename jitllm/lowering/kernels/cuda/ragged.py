@@ -17,8 +17,8 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.kv_store import loaded, stored
 from jitllm.lowering.kernels.cuda.basic import BKV, BQ, NT
+from jitllm.lowering.kernels.kv_store import loaded, stored
 
 
 def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | None:

@@ -35,8 +35,8 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.kv_store import loaded, stored
 from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, release_next_kernel
+from jitllm.lowering.kernels.kv_store import loaded, stored
 
 CHUNKS = 64  # chunks per KV head
 TILE = 32  # positions per shared-memory tile

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from jitllm.core.errors import JitllmError
-from jitllm.ir.config import KV_DTYPES
 from jitllm.ir.block_type import KV_PAGES
+from jitllm.ir.config import KV_DTYPES
 from jitllm.lowering.target import kv_type_on
 from jitllm.runtime.backends.host import HOST
 from jitllm.runtime.device import Device

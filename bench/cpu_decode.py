@@ -10,7 +10,7 @@ pp512: one forward of a 512-token prompt. tg128: 128 single-token greedy steps a
 per repetition, and each reports its peak RSS. jitllm uses the TVM thread pool with `-threads` threads,
 llama.cpp `n_threads = n_threads_batch = -threads`. Without llama-cpp-python only jitllm runs (said so).
 
-Roofline: bytes read per decode step (all weights + the mean KV history of tg128, f32 pages) over the
+Roofline: bytes read per decode step (all weights + the mean KV history of tg128, in the pool's KV type) over the
 read bandwidth measured in the same run (numpy sum over 1 GiB, one thread, and a TVM parallel sum
 with `-threads` threads; the higher is the roofline). The CPU time other processes used during each
 side's run is printed: the numbers mean little on a busy machine. The jitllm process blocks the import
@@ -101,7 +101,8 @@ def run_jitllm(args) -> dict:
     others = _others_busy(before, _cpu_busy_sample(), time.perf_counter() - t0)
     weights = sum(u.nbytes for u in ex.blocks) + ex.head.nbytes
     cfg = model.layout.config
-    kv_token = cfg.num_blocks * 2 * cfg.kv_heads * cfg.head_dim * 4  # f32 pages
+    itemsize = np.dtype(ex.pools[ex.blocks[0].device.name].dtype).itemsize  # (f16 KV by default)
+    kv_token = cfg.num_blocks * 2 * cfg.kv_heads * cfg.head_dim * itemsize
     return {"pp": pp, "tg": tg, "rss": _peak_rss(), "others": others,
             "bytes_per_token": weights + kv_token * (args.tg / 2 + 1)}
 

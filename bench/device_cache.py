@@ -26,8 +26,9 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
     tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact), the presets' CUDA kinds (and
     their fast ragged variants), and both the exact llvm and the CUDA kinds of
     `host_presets` (bench/migrate.py's blocks start on the host)."""
-    from kinds import format_test_kinds, gpu_test_kinds, ragged_test_kinds
+    from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds, ragged_test_kinds
 
+    from jitllm.ir.config import DEFAULT_KV_TYPE, KV_DTYPES
     from jitllm.lowering.target import kind_for_target
     from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.lowering.targets.llvm import LlvmTarget
@@ -40,20 +41,21 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
         return [(kind, target), (kind.decode_variant(), target)]
 
     pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]
-    pairs += [(kind, cuda) for kind in format_test_kinds()]
-    tiny = preset_layout("tiny", "q4_1")
-    for kind in [*tiny.block_kinds, tiny.head]:
-        pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
-    pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target)]
+    pairs += [(kind, cuda) for kind in [*format_test_kinds(), *f16_kv_test_kinds()]]
+    for kv_type in KV_DTYPES:  # (the tests load the tiny model at the default f16 KV, some pin f32)
+        tiny = preset_layout("tiny", "q4_1").with_kv_type(kv_type)
+        for kind in [*tiny.block_kinds, tiny.head]:
+            pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
+        pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target, kv_type)]
     for preset, wtype in [*presets, *host_presets]:
-        layout = preset_layout(preset, wtype)
+        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
         for kind in [*layout.block_kinds, layout.head]:
             pairs += as_run(kind, fast) + (as_run(kind, cuda) if wtype.startswith("q") else [])
     for preset, wtype in presets:  # the ragged variants `jitllm batch -devices gpu` runs (fast family)
-        layout = preset_layout(preset, wtype)
+        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
         pairs += [(kind_for_target(kind, fast).ragged_variant(), fast) for kind in [*layout.block_kinds, layout.head]]
     for preset, wtype in host_presets:
-        layout = preset_layout(preset, wtype)
+        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
         for kind in [*layout.block_kinds, layout.head]:
             pairs += as_run(kind, host)
     return list(dict.fromkeys(pairs))

@@ -134,11 +134,13 @@ def main() -> None:
           "(a decode step includes host work: a busy host lowers tg)")
     print(f"bytes read per token {wbytes / 2**20:.1f} MiB, copy bandwidth {bw / 1e9:.0f} GB/s, "
           f"roofline {roofline:.0f} t/s, decode at {100 * med_tg / roofline:.1f}% of roofline")
-    cfg = model.executor.layout.config
+    cfg, ex = model.executor.layout.config, model.executor
+    pool = ex.pools[ex.blocks[0].device.name]  # (f16 KV by default)
+    kv_dtype = pool.dtype
     for h, r in zip(histories, long):
-        kv = 2 * cfg.num_blocks * cfg.kv_heads * cfg.head_dim * 4 * h
+        kv = cfg.num_blocks * h * pool.page_bytes // pool.page_size
         print(f"decode at history {h}: median {r.median:.1f} t/s ({1e3 / r.median:.2f} ms/token); roofline with "
-              f"{kv / 2**20:.0f} MiB of f32 KV {bw / (wbytes + kv):.0f} t/s ({100 * r.median * (wbytes + kv) / bw:.1f}%)")
+              f"{kv / 2**20:.0f} MiB of {kv_dtype} KV {bw / (wbytes + kv):.0f} t/s ({100 * r.median * (wbytes + kv) / bw:.1f}%)")
     if args.llamacpp:
         report_llamacpp(args.llamacpp, args.preset, args.wtype, pp.median, med_tg)
     if args.hf:

@@ -3,6 +3,7 @@ device (and back), against a plain copy of the same bytes measured in the same r
 
     python3 bench/migrate.py [-device cuda:0] [-presets smollm2-135m,llama-3.2-3b] [-wtype f16]
     python3 bench/migrate.py -source cuda:0 -device cuda:1     # two GPUs: device-to-device moves
+    python3 bench/migrate.py -kv f32                            # the KV cache type (default f16, as `run -ctk`)
 
 Two baselines: a plain copy from (or into a fresh allocation of) ordinary host memory, and the same
 copy between the memory a move itself uses (page-locked host memory while a CUDA device is in use,
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("-history", default="1024,4096,16384")
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-reps", type=int, default=3)
+    ap.add_argument("-kv", default="f16", help="KV cache type (f32 or f16)")
     ap.add_argument("-phases", action="store_true",
                     help="after each row, the median milliseconds of each phase of the move")
     args = ap.parse_args()
@@ -95,7 +97,8 @@ def main() -> None:
             else:
                 devices = args.device if args.source == "host" else f"{args.source},{args.device}"
             model = load(path, devices=devices, placement=f"*={args.source},head={args.source}",
-                         ctx=max(histories) + 64, cache_dir=args.cache, extra_devices=extra, cpu_kernels="exact")
+                         ctx=max(histories) + 64, cache_dir=args.cache, extra_devices=extra, cpu_kernels="exact",
+                         kv_type=args.kv)
         ex = model.executor
         home, dev = model.devices[args.source], model.devices[args.device]
         for history in histories:

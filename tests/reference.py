@@ -92,7 +92,7 @@ def block_forward(kind: BlockKind, weights, x, cos, sin, pages, page_table, past
     attn = np.zeros((b, s, c.heads, c.head_dim), np.float32)
     for bi in range(b):
         n = int(past[bi])
-        hist = np.stack([pages[page_table[bi, t // p], :, :, t % p] for t in range(n)]) if n else np.zeros((0, 2, c.kv_heads, c.head_dim), np.float32)
+        hist = np.stack([pages[page_table[bi, t // p], :, :, t % p].astype(np.float32) for t in range(n)]) if n else np.zeros((0, 2, c.kv_heads, c.head_dim), np.float32)
         keys = np.concatenate([hist[:, 0], k[bi]], axis=0)  # [n+s, Hkv, D]
         vals = np.concatenate([hist[:, 1], v[bi]], axis=0)
         for si in range(s):
@@ -120,7 +120,7 @@ def paged_inputs(kind: BlockKind, rng, batch: int, seq: int, pasts: list[int], e
     pages_per_seq = [(n + seq + p - 1) // p for n in pasts]
     max_pages = max(pages_per_seq)
     num_pages = sum(pages_per_seq) + extra_pages
-    pool = rng.standard_normal((num_pages, 2, c.kv_heads, p, c.head_dim)).astype(np.float32)
+    pool = rng.standard_normal((num_pages, 2, c.kv_heads, p, c.head_dim)).astype(kind.kv_dtype)
     ids = rng.permutation(num_pages)
     table = np.zeros((batch, max_pages), np.int32)
     at = 0

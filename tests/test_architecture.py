@@ -140,6 +140,13 @@ def test_the_wtype_choices_are_every_weight_type():
     assert CHOICES == WEIGHT_TYPES
 
 
+def test_the_kv_cache_type_choices_are_every_kv_type():
+    from jitllm.commands.common import KV_TYPES
+    from jitllm.ir.config import KV_DTYPES
+
+    assert KV_TYPES == tuple(KV_DTYPES)
+
+
 def test_tvm_tensors_stay_inside_the_backends_that_use_tvm():
     """The runtime holds tensors as opaque values: only runtime/backends/ imports TVM."""
     found = []

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """jitllm.core.layouts.WEIGHT_TYPES (the -wtype choices), repeated so --help needs no import
 (tests/test_architecture.py checks them)."""
+KV_TYPES = ("f32", "f16")
+"""jitllm.ir.config.KV_DTYPES' keys (the -ctk/-ctv values that load), repeated so --help needs no import
+(tests/test_architecture.py checks them). q8_0 is taken by the flags and refused in one line."""
 
 
 def opt(name: str, *args, **kwargs):
@@ -119,8 +122,8 @@ def sampling_options(func):
 
 
 def placement_options(func=None, *, devices: str = "auto"):
-    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -cache, -threads, -v (`devices`: the default of
-    -devices; `@placement_options` or `@placement_options(devices="cpu")`)."""
+    """-devices, -vram, -placement, -placement-strict, -gpu-layers, -ctx, -ctk/-ctv, -cache, -threads, -v (`devices`: the
+    default of -devices; `@placement_options` or `@placement_options(devices="cpu")`)."""
     if func is None:
         return lambda f: placement_options(f, devices=devices)
     decorators = [
@@ -131,6 +134,10 @@ def placement_options(func=None, *, devices: str = "auto"):
         opt("placement-strict", "placement_strict", is_flag=True, help="the map is all or nothing"),
         opt("gpu-layers", "gpu_layers", type=click.IntRange(min=0), default=None, help="cap the blocks offered to devices"),
         opt("ctx", type=click.IntRange(min=1), default=None, help="context length (default 4096, at most the model's)"),
+        opt("ctk", "cache_type_k", type=click.Choice([*KV_TYPES, "q8_0"]), default="f16", show_default=True,
+            help="KV cache type of K (as llama.cpp's; f32 on devices that lack f16)"),
+        opt("ctv", "cache_type_v", type=click.Choice([*KV_TYPES, "q8_0"]), default="f16", show_default=True,
+            help="KV cache type of V (equal to -ctk for now)"),
         opt("cache", "cache_dir", default=None, help="compiled-artifact cache directory (default ./cache or $JITLLM_CACHE_DIR)"),
         opt("no-gpu-fallback", "no_gpu_fallback", is_flag=True, help="fail instead of finishing on the CPU when a device breaks"),
         opt("cpu-kernels", "cpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
@@ -173,6 +180,7 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
     f = {**flags, **overrides}
     if f["vram"] is not None and f["devices"].strip().lower() == "cpu":
         raise click.UsageError(f"-vram {f['vram']}: -devices cpu uses no device to budget (leave -vram out)")
+    kv_type = kv_cache_type(f["cache_type_k"], f["cache_type_v"])
     # (a bad file fails here, before the imports below bring TVM in)
     checked = model_path if isinstance(model_path, CheckedModel) else open_model(model_path)
     from jitllm.lowering.cache import stderr_log
@@ -185,8 +193,17 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"],
-        cluster=f.get("cluster"))
+        cluster=f.get("cluster"), kv_type=kv_type)
     return load_with(checked, options)
+
+
+def kv_cache_type(k: str, v: str) -> str:
+    """The one KV type of -ctk and -ctv (usage errors: they differ, or a type no kernel stores yet)."""
+    if k != v:
+        raise click.UsageError(f"-ctk {k} and -ctv {v} differ: K and V share one cache type for now")
+    if k not in KV_TYPES:
+        raise click.UsageError(f"-ctk {k}: KV cache type {k} is not supported yet (supported: {', '.join(KV_TYPES)})")
+    return k
 
 
 def finish_answer(model, reused: int | None = None) -> None:

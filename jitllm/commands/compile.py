@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import click
 
-from jitllm.commands.common import WEIGHT_TYPES, opt, regular_file
+from jitllm.commands.common import KV_TYPES, WEIGHT_TYPES, opt, regular_file
 
 TARGET_NAMES = ("llvm", "cuda", "onnxruntime", "webgpu")
 """jitllm.lowering.targets.TARGETS' names, repeated so --help needs no import (tests/test_cli.py checks them)."""
@@ -24,9 +24,11 @@ TARGET_NAMES = ("llvm", "cuda", "onnxruntime", "webgpu")
      help="llvm kernel family, as `run -cpu-kernels` picks")
 @opt("gpu-kernels", "gpu_kernels", type=click.Choice(["fast", "exact"]), default="fast", show_default=True,
      help="cuda kernel family, as `run -gpu-kernels` picks")
+@opt("ctk", "kv_type", type=click.Choice(KV_TYPES), default="f16", show_default=True,
+     help="KV cache type, as `run -ctk` picks (f32 on targets that lack it)")
 @opt("cache", "cache_dir", default=None, help="cache directory (default ./cache or $JITLLM_CACHE_DIR)")
 def compile_command(model: str | None, preset: str | None, wtype: str, target_name: str, arch: str | None,
-                    cpu_kernels: str, gpu_kernels: str, cache_dir: str | None) -> None:
+                    cpu_kernels: str, gpu_kernels: str, kv_type: str, cache_dir: str | None) -> None:
     """Compile every block kind of MODEL for a target into the cache (with the decode and the batched-step
     variants the target runs)."""
     from jitllm.core.jlm import JlmFile
@@ -45,6 +47,7 @@ def compile_command(model: str | None, preset: str | None, wtype: str, target_na
         layout = preset_layout(preset, wtype)
     else:
         layout = ModelLayout.from_file(JlmFile(regular_file(model)))
+    layout = layout.with_kv_type(kv_type)
     family = {"cpu-kernels": cpu_kernels, "gpu-kernels": gpu_kernels}.get(TARGETS[target_name].caps.kernels_flag, "fast")
     target = get_target(target_name, arch, family)
     general = list(dict.fromkeys(kind_for_target(k, target) for k in [*layout.block_kinds, layout.head]))

@@ -17,6 +17,11 @@ from typing import Any
 from jitllm.core.errors import JitllmError, shown
 
 ROPE_TYPES = ("none", "linear", "llama3", "yarn")
+KV_DTYPES = {"f32": "float32", "f16": "float16"}
+"""KV cache types (`-ctk/-ctv`, LoadOptions.kv_type) -> the pool tensor's dtype. Kernels compute in f32
+whatever the pool stores (jitllm.lowering.kernels.kv_store converts on store and load)."""
+DEFAULT_KV_TYPE = "f16"
+"""llama.cpp's default: half of f32's bytes to keep, move and spill, at ~1e-2 in the logits."""
 
 
 @dataclass(frozen=True)
@@ -251,10 +256,22 @@ class BlockKind:
     folded: bool = False
     """The graph's norms, SwiGLU, residual adds and rotary embedding are folded ops (jitllm.ir.ops) at
     every row count, not only in decode variants: for targets with folded prefill kernels."""
+    kv_type: str = "f32"
+    """What the KV pool stores (a KV_DTYPES key); part of the kind since the pages input's dtype is part
+    of the graph. Kinds built in code default to f32; a model's layout carries the loaded kv type."""
     ragged: bool = False
     """A variant over a ragged batch: the new rows of several sessions in one [1, rows] step (each
     session's rows consecutive, listed by row offsets), each session with its own page table and history
     length; the head's variant takes each session's last row. Batched steps run it (engine/batched.py)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in KV_DTYPES:
+            raise JitllmError(f"unknown KV cache type {self.kv_type!r} (known: {', '.join(KV_DTYPES)})")
+
+    @property
+    def kv_dtype(self) -> str:
+        """The pool tensor's dtype."""
+        return KV_DTYPES[self.kv_type]
 
     @property
     def fused(self) -> bool:

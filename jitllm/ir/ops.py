@@ -9,7 +9,8 @@ KV pool directly.
 - `PagedAttention(q[B,S,H,D], k[B,S,Hkv,D], v, pages[NP,2,Hkv,P,D], page_table[B,MP] i32, past[B] i32)`:
   causal attention of the S new tokens over the `past` positions held in the pages listed by the page
   table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
-  kernel run after the block.
+  kernel run after the block. The pool holds f32 or f16 (BlockKind.kv_type): history is read as f32,
+  the new tokens are attended at f32 (as every kernel does: they are rounded only when appended).
 - `RaggedPagedAttention(q[1,T,H,D], k[1,T,Hkv,D], v, pages, page_table[B,MP] i32, past[B] i32,
   seq_starts[B+1] i32)`: the rows of B sequences in one batch (batched steps): sequence b's new tokens are
   rows seq_starts[b] .. seq_starts[b+1]-1, at positions past[b] ..; each row attends causally over its own
@@ -193,7 +194,7 @@ def paged_attention_function() -> onnx.FunctionProto:
     i64 = onnx.TensorProto.INT64
     f32 = onnx.TensorProto.FLOAT
     # History gathered from the pool: [B, MP, 2, Hkv, P, D] -> K/V [B, Hkv, MP*P, D].
-    hist = g.op("Gather", "pages", "page_table", axis=0)
+    hist = g.op("Cast", g.op("Gather", "pages", "page_table", axis=0), to=f32)  # (the pool's dtype: f32 or f16)
     hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
     d_dim = g.op("Shape", "q", start=3)
     hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
@@ -255,7 +256,7 @@ def ragged_attention_function() -> onnx.FunctionProto:
                                                g.op("Unsqueeze", rows, g.const([1]))), to=i64),
                g.const([1]), keepdims=0)  # [T]
     # history per row: [T, MP, 2, Hkv, P, D] -> K/V [T, Hkv, MP*P, D]
-    hist = g.op("Gather", "pages", g.op("Gather", "page_table", seq, axis=0), axis=0)
+    hist = g.op("Cast", g.op("Gather", "pages", g.op("Gather", "page_table", seq, axis=0), axis=0), to=f32)
     hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
     hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
     kh = g.op("Gather", hist, g.const(0), axis=1)

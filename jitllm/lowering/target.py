@@ -45,6 +45,9 @@ class TargetCaps:
     """Width of the integers kernels index with (WGSL has no 64-bit integers)."""
     kernels_flag: str | None = None
     """The CLI flag that picks the target's kernel family (`cpu-kernels`), where it has families."""
+    kv_types: tuple[str, ...] = ("f32", "f16")
+    """The KV cache types its pools store (BlockKind.kv_type); f32 always. A block whose kind asks for
+    another stores f32 on this target (kind_for_target), its pages converted when it moves."""
 
 
 class KernelSet:
@@ -138,9 +141,18 @@ class Target(Protocol):
         ...
 
 
+def kv_type_on(kv_type: str, target: Target) -> str:
+    """The KV cache type a pool of `target` stores for a model loaded with `kv_type`: f32 where the
+    target lacks that type."""
+    return kv_type if kv_type in target.caps.kv_types else "f32"
+
+
 def kind_for_target(kind: BlockKind, target: Target) -> BlockKind:
-    """The kind as `target` compiles it: Q/K/V and gate/up stacked where it fuses linears, and then the
-    prefill graph's small ops folded into the linears and the rotary op where it folds prefill."""
+    """The kind as `target` compiles it: its KV type where the target stores it (else f32), Q/K/V and
+    gate/up stacked where it fuses linears, and then the prefill graph's small ops folded into the
+    linears and the rotary op where it folds prefill."""
+    if kind.kv_type != kv_type_on(kind.kv_type, target):
+        kind = replace(kind, kv_type="f32")
     if not target.caps.fuse_linears:
         return kind
     fused = block_type(kind).fused(kind)

@@ -10,6 +10,7 @@ from typing import Callable
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
+from jitllm.ir.config import DEFAULT_KV_TYPE, KV_DTYPES
 from jitllm.runtime.auto_timer import head_timer
 from jitllm.runtime.backends import link_peers, make_device
 from jitllm.runtime.backends.buffer_pool import pool_from_env
@@ -37,7 +38,9 @@ class LoadOptions:
     grow the context, hand its last block to the host instead of failing. `gpu_grow`: start on the host and
     move one block per generated token to where the plan puts it. `tune_seam`: time a few seams while
     generating and keep the fastest (runtime/seam_tuning.py). `threads`: the host's CPU workers (None: one per
-    physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py)."""
+    physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py).
+    `kv_type`: what the KV cache stores (f32 or f16, as llama.cpp's -ctk/-ctv; f32 on devices whose target
+    lacks it, TargetCaps.kv_types)."""
 
     devices: str = "auto"
     vram: str | None = None
@@ -54,6 +57,7 @@ class LoadOptions:
     gpu_grow: bool = False
     tune_seam: bool = False
     threads: int | None = None
+    kv_type: str = DEFAULT_KV_TYPE
     cluster: str | None = None
     """A Ray cluster to join (`host:port` or `auto`): its nodes' devices are `NODE/DEVICE` entries of
     `devices` (jitllm.runtime.cluster, docs/cluster.md)."""
@@ -77,6 +81,9 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     weights and load (or compile) the artifacts."""
     from jitllm.runtime.device_spec import parse_devices
 
+    if options.kv_type not in KV_DTYPES:
+        raise JitllmError(f"KV cache type {options.kv_type!r} is not supported (supported: {', '.join(KV_DTYPES)})")
+    layout = layout.with_kv_type(options.kv_type)
     workers = host_workers(options.threads)  # before any kernel starts this thread's pool (auto's timing runs one)
     log = options.log
     cache_dir = Path(options.cache_dir) if options.cache_dir else None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
 from jitllm.core.layouts import weight_parts
+from jitllm.ir.block_type import KV_PAGES
 from jitllm.ir.blocks import block_kind, block_type, linear_of_input, weight_inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
@@ -22,6 +23,8 @@ class ModelLayout:
     block_kinds: tuple[BlockKind, ...]
     head: BlockKind
     embedding_type: str
+    kv_type: str = "f32"
+    """What its attention blocks' KV pools store (their kinds carry it too; with_kv_type sets both)."""
 
     @classmethod
     def from_file(cls, model: JlmFile, page_size: int = 16) -> "ModelLayout":
@@ -39,6 +42,12 @@ class ModelLayout:
         except JitllmError as e:
             raise JitllmError(f"{model.path}: {e}") from None
         return layout
+
+    def with_kv_type(self, kv_type: str) -> "ModelLayout":
+        """The layout with its attention blocks' kinds storing KV as `kv_type` (jitllm.ir.config.KV_DTYPES)."""
+        kinds = tuple(replace(k, kv_type=kv_type) if block_type(k).state == KV_PAGES else k
+                      for k in self.block_kinds)
+        return replace(self, block_kinds=kinds, kv_type=kv_type)
 
     def file_tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """name -> (shape, dtype) of every tensor the model reads from its file: the embedding's parts and

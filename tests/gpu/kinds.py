@@ -4,7 +4,9 @@ GPU machine."""
 
 from __future__ import annotations
 
-from jitllm.ir.config import ModelConfig
+from dataclasses import replace
+
+from jitllm.ir.config import DEFAULT_KV_TYPE, ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
 from jitllm.lowering.target import kind_for_target
@@ -41,10 +43,18 @@ def gpu_test_kinds():
     return kinds + [k.decode_variant() for k in kinds] + wide
 
 
-def ragged_test_kinds(target):
+def f16_kv_test_kinds():
+    """Block kinds over an f16 KV pool (BlockKind.kv_type), general and decode, as the CUDA target runs them:
+    test_cuda.py checks their kernels against numpy over the same f16 values."""
+    kinds = [kind_for_target(replace(llama_block_kind(cfg, {n: "q4_1" for n in BLOCK_LINEARS}), kv_type="f16"),
+                             CudaTarget()) for cfg in (TEST_CFG, PRESETS["tiny"])]
+    return kinds + [k.decode_variant() for k in kinds]
+
+
+def ragged_test_kinds(target, kv_type: str = DEFAULT_KV_TYPE):
     """The tiny model's ragged variants (batched steps) as a device of `target` runs them
-    (test_batched_cuda.py runs them on CUDA and compares with the host's)."""
-    tiny = preset_layout("tiny", "q4_1")
+    (test_batched_cuda.py runs them on CUDA and compares with the host's), at the KV type it loads with."""
+    tiny = preset_layout("tiny", "q4_1").with_kv_type(kv_type)
     return [kind_for_target(k, target).ragged_variant() for k in [*tiny.block_kinds, tiny.head]]
 
 

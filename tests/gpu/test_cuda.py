@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from kinds import format_test_kinds, gpu_test_kinds
+from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds
 from reference import block_forward, head_forward, paged_inputs, random_weights
 
 from jitllm.ir.blocks import activation_inputs, weight_inputs
@@ -22,12 +22,15 @@ if not cuda_available():
 TOL = 5e-5
 
 
-@pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22] + format_test_kinds(),
+@pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22] + format_test_kinds()
+                         + f16_kv_test_kinds(),
                          ids=lambda k: f"{k.kind}-{'+'.join(sorted({s.wtype for s in k.linears}))}"
-                                       f"{'-decode' if k.decode else ''}")
+                                       f"{'-decode' if k.decode else ''}{'-kv_' + k.kv_type if k.kv_type != 'f32' else ''}"
+                                       f"{'-' + str(k.config.hidden) if k.kv_type != 'f32' else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
     """Every kind's kernels against numpy; bf16 and the 5/6-bit and K-quant formats (format_test_kinds)
-    through their own decode matvecs, TE prefill linears and embedding gathers (kernels/cuda/wide.py)."""
+    through their own decode matvecs, TE prefill linears and embedding gathers (kernels/cuda/wide.py); kinds
+    over an f16 KV pool (f16_kv_test_kinds: the reference reads the same f16 values, so the same TOL)."""
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.runtime.backends.cuda import cuda_arch
@@ -67,8 +70,8 @@ def test_block_kind_on_cuda(kind, cache_dir):
         if kind.decode:  # the decode main appends the step's K and V to the pages itself
             pages, past = inputs[names.index("pages")].numpy(), pasts[0]
             slot = feeds["page_table"][0, past // kind.page_size]
-            assert np.array_equal(pages[slot, 0, :, past % kind.page_size], got[1][0, 0])
-            assert np.array_equal(pages[slot, 1, :, past % kind.page_size], got[2][0, 0])
+            assert np.array_equal(pages[slot, 0, :, past % kind.page_size], got[1][0, 0].astype(pages.dtype))
+            assert np.array_equal(pages[slot, 1, :, past % kind.page_size], got[2][0, 0].astype(pages.dtype))
 
 
 FAST_TOL = 3e-2

@@ -51,7 +51,18 @@ def test_decoder_block(wtype, variant, cache_dir):
     """The fused decode variant's graph (and a folded kind's at any row count) folds norms, residuals,
     SwiGLU and rotary into jitllm ops: ONNX Runtime runs their function bodies (RotaryPagedAttention's
     calls two more functions), TVM (llvm) lowers them to their parts."""
-    kind = llama_block_kind(cfg_for(wtype), {n: wtype for n in BLOCK_LINEARS})
+    _check_decoder_block(wtype, variant, cache_dir, "f32")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decoder_block_over_an_f16_pool(variant, cache_dir):
+    """An f16 KV pool (BlockKind.kv_type): both the reference bodies and the llvm kernels read its values
+    as f32, so they match numpy over the same values at the f32 tolerance."""
+    _check_decoder_block("q4_1", variant, cache_dir, "f16")
+
+
+def _check_decoder_block(wtype: str, variant: str, cache_dir, kv_type: str) -> None:
+    kind = dataclasses.replace(llama_block_kind(cfg_for(wtype), {n: wtype for n in BLOCK_LINEARS}), kv_type=kv_type)
     if variant != "separate":
         kind = fused_kind(kind)
         assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]

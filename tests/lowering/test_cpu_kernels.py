@@ -202,16 +202,18 @@ def _attention_reference(q, k, v, pages, pt, past, groups):
     return out
 
 
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
 @pytest.mark.parametrize("batch,seq,pasts", [(1, 1, [0]), (1, 1, [37]), (2, 1, [15, 100]), (1, 7, [20]),
                                              (2, 40, [0, 33])])
-def test_paged_attention_matches_numpy(batch, seq, pasts):
+def test_paged_attention_matches_numpy(batch, seq, pasts, kv_type):
+    """Over an f16 pool too: the kernels read its values as f32, so they match numpy over the same values."""
     from jitllm.lowering.kernels.cpu.attention import (
         _attention_serial,
         attention_kernel,
     )
 
     cfg = ModelConfig("llama", 1, 576, 9, 3, 64, 1536, 100, 8192, 1e5, 1e-5)
-    kind = BlockKind("llama", cfg, (), 16)
+    kind = BlockKind("llama", cfg, (), 16, kv_type=kv_type)
     t = LlvmTarget("exact")
     (s1, f1), (s2, f2) = attention_kernel(kind), _attention_serial(kind)
     lib = _build({s1: f1, s2: f2}, t.tvm_target())
@@ -219,14 +221,51 @@ def test_paged_attention_matches_numpy(batch, seq, pasts):
     H, HKV, D, P = 9, 3, 64, 16
     mp = (max(pasts) + seq + P - 1) // P + 1
     num_pages = batch * mp + 3
-    pages = rng.standard_normal((num_pages, 2, HKV, P, D)).astype(np.float32)
+    pages = rng.standard_normal((num_pages, 2, HKV, P, D)).astype(kind.kv_dtype)
     pt = rng.permutation(num_pages)[:batch * mp].reshape(batch, mp).astype(np.int32)
     q = rng.standard_normal((batch, seq, H, D)).astype(np.float32)
     k = rng.standard_normal((batch, seq, HKV, D)).astype(np.float32)
     v = rng.standard_normal((batch, seq, HKV, D)).astype(np.float32)
     past = np.array(pasts, np.int32)
-    ref = _attention_reference(q, k, v, pages, pt, past, H // HKV)
+    ref = _attention_reference(q, k, v, pages.astype(np.float32), pt, past, H // HKV)
     for symbol in (s1, s2):
         out = tvm.runtime.tensor(np.zeros_like(q))
         lib[symbol](*[tvm.runtime.tensor(a) for a in (q, k, v, pages, pt, past)], out)
         assert np.abs(out.numpy() - ref).max() < 1e-5, symbol
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_append_and_page_kernels_store_the_pool_dtype(kv_type):
+    """The append rounds f32 K/V as numpy's astype does (to nearest even); export and import move pages
+    in the pool's dtype, unchanged."""
+    from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
+    from jitllm.lowering.kernels.cpu.attention import append_kernel, ragged_append_kernel
+    from jitllm.lowering.kernels.cpu.pages import page_kernels
+
+    cfg = ModelConfig("llama", 1, 64, 4, 2, 16, 128, 100, 512, 1e4, 1e-5)
+    kind = BlockKind("llama", cfg, (), 4, kv_type=kv_type)
+    (s1, f1), (s2, f2) = append_kernel(kind), ragged_append_kernel(kind)
+    lib = _build({s1: f1, s2: f2, **page_kernels(kind)}, LlvmTarget("exact").tvm_target())
+    rng = np.random.default_rng(3)
+    pool = np.zeros((6, 2, 2, 4, 16), kind.kv_dtype)
+    k = rng.standard_normal((1, 5, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 5, 2, 16)).astype(np.float32)
+    pt, past = np.array([[4, 1]], np.int32), np.array([2], np.int32)
+    pages = tvm.runtime.tensor(pool)
+    lib[s1](pages, *[tvm.runtime.tensor(a) for a in (k, v, pt, past)])
+    want = pool.copy()
+    for s in range(5):
+        pos = 2 + s
+        want[pt[0, pos // 4], 0, :, pos % 4] = k[0, s]
+        want[pt[0, pos // 4], 1, :, pos % 4] = v[0, s]
+    assert np.array_equal(pages.numpy(), want)
+    ragged = tvm.runtime.tensor(pool)
+    lib[s2](ragged, *[tvm.runtime.tensor(a) for a in (k, v, pt, past, np.array([0, 5], np.int32))])
+    assert np.array_equal(ragged.numpy(), want)
+    ids = tvm.runtime.tensor(np.array([4, 1], np.int32))
+    out = tvm.runtime.tensor(np.zeros((2, 2, 2, 4, 16), kind.kv_dtype))
+    lib[EXPORT_PAGES](pages, ids, out)
+    assert out.numpy().dtype == np.dtype(kind.kv_dtype) and np.array_equal(out.numpy(), want[[4, 1]])
+    other = tvm.runtime.tensor(np.zeros_like(pool))
+    lib[IMPORT_PAGES](other, tvm.runtime.tensor(np.array([0, 5], np.int32)), out)
+    assert np.array_equal(other.numpy()[[0, 5]], want[[4, 1]])

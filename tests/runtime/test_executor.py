@@ -11,7 +11,8 @@ from jitllm.model import load
 
 @pytest.fixture(scope="module")
 def model(tiny_model, cache_dir):
-    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact")
+    """f32 KV: paged decode is compared with recomputation (an f16 cache rounds the history decode reads)."""
+    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f32")
 
 
 def test_decode_through_pages_equals_one_prefill(model):

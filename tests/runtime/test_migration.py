@@ -16,9 +16,9 @@ PROMPT = list(range(4, 30))
 N = 24
 
 
-def _load(path, cache_dir, budget=None, placement=None):
+def _load(path, cache_dir, budget=None, placement=None, kv_type="f16"):
     return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, placement=placement, cpu_kernels="exact",
-                extra_devices=[simulated_device("sim:0", budget), simulated_device("sim:1", budget)])
+                kv_type=kv_type, extra_devices=[simulated_device("sim:0", budget), simulated_device("sim:1", budget)])
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,9 @@ def test_moves_every_few_tokens_keep_the_output(tiny_model, cache_dir, baseline,
 
 
 def test_move_carries_kv_pages_and_frees_the_source(tiny_model, cache_dir):
-    model = _load(tiny_model, cache_dir)
+    """(f32 KV: the step after the move is compared with one prefill of the whole history, bit for bit,
+    which an f16 cache is not: it rounds the history a decode step reads, not the prefill's own keys.)"""
+    model = _load(tiny_model, cache_dir, kv_type="f32")
     ex = model.executor
     session = ex.new_session()
     logits_before = ex.forward(session, PROMPT)
@@ -301,3 +303,56 @@ def test_a_device_fault_brings_only_that_devices_blocks_home(tiny_model, cache_d
     assert tokens == baseline
     assert any(line.startswith("warning: sim:1: ") and "finishing on the CPU" in line for line in logs)
     assert [u.device.name for u in model.executor.blocks] == ["sim:0", "host"]
+
+
+def _f32_kv_device():
+    """A simulated device whose target stores no f16 KV (TargetCaps.kv_types)."""
+    from dataclasses import replace
+
+    from jitllm.lowering.targets.llvm import LlvmTarget
+
+    wide = simulated_device("sim:f32")
+    wide.target = LlvmTarget("exact")
+    wide.target.caps = replace(LlvmTarget.caps, kv_types=("f32",))
+    return wide
+
+
+def test_moves_between_f16_and_f32_only_devices_convert_the_pages(tiny_model, cache_dir):
+    """A device whose target stores no f16 KV keeps an f32 pool and f32 kinds; a block moving there and
+    back has its pages widened and rounded again on the way, so each step after the moves computes what
+    the same steps compute on the host alone. f16 pages are half the bytes moved."""
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f16",
+                 extra_devices=[_f32_kv_device()])
+    ex = model.executor
+    moved, alone = ex.new_session(), ex.new_session()
+    ex.forward(moved, PROMPT)
+    ex.forward(alone, PROMPT)
+    host_pool = ex.pools["host"]
+    assert host_pool.dtype == "float16"
+    (report,) = model.move("0", "sim:f32")
+    assert ex.pools["sim:f32"].dtype == "float32" and ex.blocks[0].kind.kv_type == "f32"
+    assert ex.blocks[1].kind.kv_type == "f16"
+    assert report.kv_bytes == 4 * host_pool.page_bytes  # (two sessions of 26 positions: 2 pages each, as f16)
+    for token in (7, 8):
+        assert np.array_equal(ex.forward(moved, [token]), ex.forward(alone, [token]))
+        model.move("0", "host" if token == 7 else "sim:f32")
+    assert ex.blocks[0].kind.kv_type == "f32"
+    assert np.array_equal(ex.forward(moved, [9]), ex.forward(alone, [9]))
+
+
+def test_a_spilled_session_resumes_where_its_block_moved_to_another_kv_dtype(tiny_model, cache_dir):
+    """Spilled f16 pages resume into an f32 pool (the block moved meanwhile), widened on the way."""
+    from jitllm.runtime.engine.spill import resume, spill
+
+    model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f16",
+                 extra_devices=[_f32_kv_device()])
+    ex = model.executor
+    spilled, alone = ex.new_session(), ex.new_session()
+    ex.forward(spilled, PROMPT)
+    ex.forward(alone, PROMPT)
+    kept = spill(ex, spilled)
+    assert kept.pages[0].dtype == np.float16
+    model.move("0", "sim:f32")
+    assert resume(ex, spilled, kept)
+    assert ex.pools["sim:f32"].dtype == "float32"
+    assert np.array_equal(ex.forward(spilled, [7]), ex.forward(alone, [7]))

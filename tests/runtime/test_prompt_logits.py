@@ -12,7 +12,8 @@ PROMPT = list(range(4, 44))  # crosses two 16-position pages
 
 @pytest.fixture(scope="module")
 def host(tiny_model, cache_dir):
-    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact")
+    """f32 KV: every row is compared with decode steps over the pages (which an f16 cache rounds)."""
+    return load(tiny_model, devices="cpu", ctx=64, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f32")
 
 
 def test_each_row_is_the_logits_of_its_prefix(host):
@@ -37,7 +38,7 @@ def test_chunks_continue_the_session(host):
 def test_blocks_and_head_on_other_devices(host, tiny_model, cache_dir):
     """Seams between devices (a block and the head on ONNX Runtime, one block on the host)."""
     split = load(tiny_model, devices="ort", placement="0=ort,1=host,head=ort", ctx=64, cache_dir=cache_dir,
-                 cpu_kernels="exact")
+                 cpu_kernels="exact", kv_type="f32")
     assert [u.device.name for u in split.executor.blocks] == ["ort", "host"]
     assert split.executor.head.device.name == "ort"
     expected = host.executor.prompt_logits(host.executor.new_session(), PROMPT)

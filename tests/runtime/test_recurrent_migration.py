@@ -21,7 +21,8 @@ STATE_BYTES = 4 * 16 * 16 * 4  # heads x head_dim x head_dim float32
 
 
 def _load(path, cache_dir):
-    return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact",
+    """(f32 KV: prefill-then-decode is compared with one pass, which an f16 cache's rounded history is not.)"""
+    return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f32",
                 extra_devices=[simulated_device("sim:0"), simulated_device("sim:1")])
 
 

@@ -56,7 +56,8 @@ def test_a_device_gaining_the_head_does_not_replay_steps_over_its_old_inputs(tin
 
 
 def test_a_move_invalidates_the_captured_step(tiny_model, cache_dir):
-    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0")
+    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0",
+                                         kv_type="f32")  # (compared with one prefill below)
     ex = model.executor
     session = ex.new_session()
     ex.forward(session, PROMPT)

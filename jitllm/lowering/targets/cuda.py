@@ -31,7 +31,8 @@ class CudaTarget(KernelSet):
     name = "cuda"
     caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, fold_prefill=True, decode_variants=True,
                       decode_appends_kv=True, ragged_batches=True, kernels_flag="gpu-kernels")
-    sources = ("targets/cuda.py", "targets/cuda_runtime.py", "kernels/cuda", "kernels/formats.py")
+    sources = ("targets/cuda.py", "targets/cuda_runtime.py", "kernels/cuda", "kernels/formats.py",
+               "kernels/kv_store.py")
 
     def __init__(self, arch: str = "sm_90", kernels: str = "exact") -> None:
         """`kernels`: "exact" (f32 activations everywhere; tensor cores through f16 hi + lo halves) or

@@ -192,7 +192,7 @@ class LlvmTarget(KernelSet):
     name = "llvm"
     caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, decode_variants=True, ragged_batches=True,
                       kernels_flag="cpu-kernels")
-    sources = ("targets/llvm.py", "kernels/cpu", "kernels/formats.py")
+    sources = ("targets/llvm.py", "kernels/cpu", "kernels/formats.py", "kernels/kv_store.py")
 
     def __init__(self, kernels: str = "exact", isa: str | None = None):
         if kernels not in KERNELS:

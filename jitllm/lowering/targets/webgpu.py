@@ -29,9 +29,10 @@ class WebGpuTarget(KernelSet):
 
     name = "webgpu"
     caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, decode_appends_kv=True,
-                      index_bits=32)
+                      index_bits=32, kv_types=("f32",))
+    """f32 KV only: WGSL's f16 needs the optional shader-f16 feature, which the kernels do not ask for."""
     sources = ("targets/webgpu.py", "kernels/webgpu", "kernels/cuda/basic.py", "kernels/cuda/pages.py",
-               "kernels/cuda/gemv.py", "kernels/cuda/wide.py", "kernels/formats.py")
+               "kernels/cuda/gemv.py", "kernels/cuda/wide.py", "kernels/formats.py", "kernels/kv_store.py")
 
     def __init__(self, kernels: str = "exact") -> None:
         if kernels not in KERNELS:

@@ -1,7 +1,8 @@
 """Paged KV: a pool of fixed-size pages per device; each (block, session) owns a list of page ids.
 
 The bookkeeping (free list, page lists) is plain integers (scheduler.py); the pool tensor
-[num_pages, 2, kv_heads, page_size, head_dim] lives on the device and is only touched by kernels.
+[num_pages, 2, kv_heads, page_size, head_dim] of the device's KV dtype (float32 or float16: the loaded kv
+type where its target stores it) lives on the device and is only touched by kernels.
 A session's page-table tensors on one device are rows of one tensor (TableArena), uploaded together.
 """
 
@@ -24,19 +25,20 @@ class PagePool:
     reports pages, growing the tensor when the ids run out."""
 
     def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int,
-                 max_pages: int | None = None) -> None:
+                 max_pages: int | None = None, dtype: str = "float32") -> None:
         self.device = device
         self.page_size = page_size
         self.max_pages = max_pages
+        self.dtype = dtype
         self._page_shape = (2, kv_heads, page_size, head_dim)
-        self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim)
+        self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim, dtype)
         self.pages: Tensor | None = None
         self.ids = PageAllocator()
         self._grow_to(num_pages)
 
     @staticmethod
-    def bytes_per_page(kv_heads: int, page_size: int, head_dim: int) -> int:
-        return 2 * kv_heads * page_size * head_dim * 4
+    def bytes_per_page(kv_heads: int, page_size: int, head_dim: int, dtype: str = "float32") -> int:
+        return 2 * kv_heads * page_size * head_dim * np.dtype(dtype).itemsize
 
     @property
     def num_pages(self) -> int:
@@ -51,12 +53,12 @@ class PagePool:
         extra = num_pages - self.num_pages
         self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages", kv=True)
         try:
-            grown = self.device.empty((num_pages, *self._page_shape), "float32")
+            grown = self.device.empty((num_pages, *self._page_shape), self.dtype)
         except BaseException:
             self.device.release(extra * self.page_bytes, kv=True)
             raise
         if self.num_pages:
-            data = np.zeros((num_pages, *self._page_shape), np.float32)
+            data = np.zeros((num_pages, *self._page_shape), self.dtype)
             data[: self.num_pages] = self.device.download(self.pages)
             self.device.write(grown, data)
         self.pages = grown

@@ -5,7 +5,8 @@ weights copied (one copy of the unit's single allocation, jitllm.runtime.engine.
 afresh from the .jlm where the destination lays the unit out differently) and every live session's
 pages copied into the destination pool (each run of pages consecutive on both sides in one copy; many
 scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
-per-session state is copied into new tensors on the destination instead). Only then is the
+per-session state is copied into new tensors on the destination instead; pages between pools of two KV
+dtypes, f16 and a target's f32, go through the host and are converted there). Only then is the
 unit switched over and the source's memory freed (its weights buffer kept for the next unit to arrive
 where the source has a weight pool, jitllm.runtime.backends.buffer_pool; the destination's came from
 its pool where one was kept); any failure before that undoes what was done, so the block keeps running
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
         weights = None
         if streamed:
             clock.mark("weights")
-        elif kind == unit.kind and not from_file and unit.stream is None:
+        elif replace(kind, kv_type=unit.kind.kv_type) == unit.kind and not from_file and unit.stream is None:
             weights = unit.weights.to(dest, clock.mark)
         else:  # fused on one side, separate on the other, or streamed: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
@@ -176,20 +177,25 @@ beyond it the pages are gathered into one staging tensor, moved once and scatter
 
 
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
-    """Copy the pages listed in `old` into `new`'s pages on the destination."""
+    """Copy the pages listed in `old` into `new`'s pages on the destination (converted on the host where the
+    two pools store different dtypes)."""
     src_pool, dst_pool = old.pool, new.pool
     count = len(old.ids)
     runs = _joint_runs(old.ids, new.ids)
-    if len(runs) <= DIRECT_RUNS:
+    dtype = src_pool.dtype
+    if len(runs) <= DIRECT_RUNS and dtype == dst_pool.dtype:
         for first_old, first_new, run in runs:
             shape = (run, *src_pool.pages.shape[1:])
-            rows = source.region(src_pool.pages, shape, "float32", first_old * src_pool.page_bytes)
-            dest.copy_from(dest.region(dst_pool.pages, shape, "float32", first_new * dst_pool.page_bytes), rows, source)
+            rows = source.region(src_pool.pages, shape, dtype, first_old * src_pool.page_bytes)
+            dest.copy_from(dest.region(dst_pool.pages, shape, dtype, first_new * dst_pool.page_bytes), rows, source)
         return count * src_pool.page_bytes
     shape = (count, *src_pool.pages.shape[1:])
-    staged = source.empty(shape, "float32")
+    staged = source.empty(shape, dtype)
     src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
-    moved = dest.receive(staged, source)
+    if dtype == dst_pool.dtype:
+        moved = dest.receive(staged, source)
+    else:
+        moved = dest.upload(source.download(staged).astype(dst_pool.dtype))
     dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
     return count * src_pool.page_bytes
 

@@ -21,7 +21,8 @@ class SpilledKV:
     positions: int
     tokens: list[int]
     pages: dict[int, np.ndarray]
-    """Block index -> its pages' contents [pages, 2, kv_heads, page_size, head_dim], in position order."""
+    """Block index -> its pages' contents [pages, 2, kv_heads, page_size, head_dim], in position order, in
+    the dtype of the pool they came from."""
 
     @property
     def nbytes(self) -> int:
@@ -38,7 +39,7 @@ def spill(ex, session) -> SpilledKV:
         if unit.state != KV_PAGES or table is None or not table.ids:
             continue
         dev = unit.device
-        staged = dev.empty((len(table.ids), *table.pool.pages.shape[1:]), "float32")
+        staged = dev.empty((len(table.ids), *table.pool.pages.shape[1:]), table.pool.dtype)
         unit.program.export_pages(table.pool.pages, dev.upload(np.asarray(table.ids, np.int32)), staged)
         pages[unit.index] = dev.download(staged)
     for table in session.tables.values():
@@ -51,8 +52,9 @@ def spill(ex, session) -> SpilledKV:
 
 
 def resume(ex, session, spilled: SpilledKV) -> bool:
-    """Pages for the spilled history on each block's device (where the block is now: it may have moved)
-    with the contents written back; False, taking nothing, where a pool has no room yet."""
+    """Pages for the spilled history on each block's device (where the block is now: it may have moved,
+    to a pool of another KV dtype: the contents are converted) with the contents written back; False,
+    taking nothing, where a pool has no room yet."""
     tables: dict[int, PageTable] = {}
     for index, data in spilled.pages.items():
         unit = ex.blocks[index]
@@ -72,7 +74,7 @@ def resume(ex, session, spilled: SpilledKV) -> bool:
         unit = ex.blocks[index]
         dev = unit.device
         unit.program.import_pages(table.pool.pages, dev.upload(np.asarray(table.ids, np.int32)),
-                                  dev.upload(spilled.pages[index]))
+                                  dev.upload(spilled.pages[index].astype(table.pool.dtype, copy=False)))
         session.tables[index] = table
     session.length, session.tokens = spilled.positions, list(spilled.tokens)  # (a fall-back reset the session)
     session.kv_room = 0

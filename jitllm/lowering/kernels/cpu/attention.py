@@ -1,6 +1,7 @@
 """TIR kernels for paged attention and for appending new K/V into a page pool.
 
-The pool is [num_pages, 2, Hkv, P, D] (K at index 0, V at 1); a sequence's page table row lists its page
+The pool is [num_pages, 2, Hkv, P, D] (K at index 0, V at 1) of the kind's KV dtype (f32 or f16, read and
+written through kernels/kv_store.py; the arithmetic is f32); a sequence's page table row lists its page
 ids in position order, so position t lives at (page_table[b, t // P], t % P).
 """
 
@@ -10,6 +11,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
+from jitllm.lowering.kernels.kv_store import loaded, stored, vload
 
 
 def _tile_macro(P: int, D: int, scale: float):
@@ -18,7 +20,7 @@ def _tile_macro(P: int, D: int, scale: float):
     VD = f"float32x{D}"
 
     def dot(qv, kb, kidx):
-        prod = qv * kb.vload(kidx, VD)
+        prod = qv * vload(kb, kidx, D)
         return _hsum(prod, D)
 
     @T.macro
@@ -39,7 +41,7 @@ def _tile_macro(P: int, D: int, scale: float):
         for j in T.serial(cnt):
             st[b, s, h, 1] = st[b, s, h, 1] + sc[b, s, h, j]
             out[b, s, h, T.ramp(0, 1, D)] = (out[b, s, h, T.ramp(0, 1, D)]
-                                             + T.Broadcast(sc[b, s, h, j], D) * vb.vload(vidx(a0, a1, i, j), VD))
+                                             + T.Broadcast(sc[b, s, h, j], D) * vload(vb, vidx(a0, a1, i, j), D))
 
     return tile
 
@@ -51,8 +53,8 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     of history, or P of the new keys): P scores (vectorised over the head dimension), one rescale of the
     running output per tile, then the weighted values. The running output lives in `out` itself and the
     running max / denominator in a scratch indexed by the work item, so nothing is allocated per item.
-    f32 throughout (both kernel families use it)."""
-    c, P = kind.config, kind.page_size
+    f32 arithmetic throughout (both kernel families use it), whatever the pool stores."""
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if D % 8:
         return _attention_serial(kind)
@@ -94,7 +96,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
@@ -115,7 +117,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
     attention_kernel's online softmax over its own sequence's pages and earlier new rows, so a row's
     output is computed exactly as it is when its sequence runs alone. Rows are mapped to their sequence
     once per call (a serial pass over seq_starts). None for head dims the vector kernel does not take."""
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if D % 8:
         return None
@@ -158,7 +160,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
         q = T.match_buffer(q_h, (1, NR, H, D), "float32")
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         starts = T.match_buffer(starts_h, (B1,), "int32")
@@ -232,7 +234,7 @@ def _new_kv(b, kv, t0, j):
 
 def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """The scalar two-pass kernel (any head dim): serial over sequences, queries and heads."""
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     GROUP = H // HKV
     scale = 1.0 / (D ** 0.5)
@@ -249,7 +251,7 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
@@ -265,7 +267,7 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[2] = T.float32(0)
                         for dd in T.serial(D):
                             st[2] = st[2] + q[b, s, h, dd] * T.if_then_else(
-                                t < n, pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd],
+                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
                                 k[b, T.max(t - n, T.int64(0)), kv, dd])
                         st[0] = T.max(st[0], st[2] * T.float32(scale))
                     st[1] = T.float32(0)
@@ -275,13 +277,13 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[2] = T.float32(0)
                         for dd in T.serial(D):
                             st[2] = st[2] + q[b, s, h, dd] * T.if_then_else(
-                                t < n, pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd],
+                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
                                 k[b, T.max(t - n, T.int64(0)), kv, dd])
                         st[2] = T.exp(st[2] * T.float32(scale) - st[0])
                         st[1] = st[1] + st[2]
                         for dd in T.serial(D):
                             acc[dd] = acc[dd] + st[2] * T.if_then_else(
-                                t < n, pages[T.Cast("int64", pt[b, t // P]), 1, kv, t % P, dd],
+                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 1, kv, t % P, dd]),
                                 v[b, T.max(t - n, T.int64(0)), kv, dd])
                     for dd in T.serial(D):
                         out[b, s, h, dd] = acc[dd] / st[1]
@@ -291,7 +293,7 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 
 def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """Write the S new K/V rows of each sequence at positions past[b] .. past[b]+S-1 (in place)."""
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_kv_append_kv{HKV}_d{D}_p{P}"
 
@@ -302,7 +304,7 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         S = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -311,8 +313,8 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
             pos: T.let = T.Cast("int64", past[b]) + s
             page: T.let = T.Cast("int64", pt[b, pos // P])
             for dd in T.vectorized(D):
-                pages[page, 0, h, pos % P, dd] = k[b, s, h, dd]
-                pages[page, 1, h, pos % P, dd] = v[b, s, h, dd]
+                pages[page, 0, h, pos % P, dd] = stored(k[b, s, h, dd], KV)
+                pages[page, 1, h, pos % P, dd] = stored(v[b, s, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)
 
@@ -320,7 +322,7 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """Write each sequence's new K/V rows (rows seq_starts[b] .. seq_starts[b+1]-1 of a ragged step) at its
     positions past[b] .. (in place)."""
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_kv_append_ragged_kv{HKV}_d{D}_p{P}"
 
@@ -332,7 +334,7 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         B1 = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), "float32")
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -344,7 +346,7 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                     pos: T.let = T.Cast("int64", past[b]) + t - T.Cast("int64", starts[b])
                     page: T.let = T.Cast("int64", pt[b, pos // P])
                     for dd in T.vectorized(D):
-                        pages[page, 0, h, pos % P, dd] = k[0, t, h, dd]
-                        pages[page, 1, h, pos % P, dd] = v[0, t, h, dd]
+                        pages[page, 0, h, pos % P, dd] = stored(k[0, t, h, dd], KV)
+                        pages[page, 1, h, pos % P, dd] = stored(v[0, t, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)

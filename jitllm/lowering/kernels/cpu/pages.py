@@ -1,5 +1,6 @@
 """Page export/import kernels for the host: copy a block's KV pages out of a pool into one contiguous
-tensor, and into another pool at other page ids. Migration is export (source device) + one transfer + import."""
+tensor, and into another pool at other page ids. Migration is export (source device) + one transfer + import.
+Pages travel in the pool's dtype (BlockKind.kv_type): conversion between pools of two dtypes is the caller's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
 
 
 def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     HKV, D = c.kv_heads, c.head_dim
     SHAPE = (2, HKV, P, D)
 
@@ -20,9 +21,9 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         NP = T.int64()
         N = T.int64()
-        pages = T.match_buffer(pages_h, (NP, *SHAPE), "float32")
+        pages = T.match_buffer(pages_h, (NP, *SHAPE), KV)
         ids = T.match_buffer(ids_h, (N,), "int32")
-        out = T.match_buffer(out_h, (N, *SHAPE), "float32")
+        out = T.match_buffer(out_h, (N, *SHAPE), KV)
         for i, two, h, p in T.grid(N, 2, HKV, P):
             for dd in T.vectorized(D):
                 out[i, two, h, p, dd] = pages[T.Cast("int64", ids[i]), two, h, p, dd]
@@ -32,9 +33,9 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         NP = T.int64()
         N = T.int64()
-        pages = T.match_buffer(pages_h, (NP, *SHAPE), "float32")
+        pages = T.match_buffer(pages_h, (NP, *SHAPE), KV)
         ids = T.match_buffer(ids_h, (N,), "int32")
-        data = T.match_buffer(data_h, (N, *SHAPE), "float32")
+        data = T.match_buffer(data_h, (N, *SHAPE), KV)
         for i, two, h, p in T.grid(N, 2, HKV, P):
             for dd in T.vectorized(D):
                 pages[T.Cast("int64", ids[i]), two, h, p, dd] = data[i, two, h, p, dd]

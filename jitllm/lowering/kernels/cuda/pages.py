@@ -1,5 +1,5 @@
 """Page export/import kernels for CUDA: one thread block per page row, one thread per head-dim value (see
-kernels/cpu/pages.py for what they do)."""
+kernels/cpu/pages.py for what they do; pages travel in the pool's dtype)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
 
 
 def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
-    c, P = kind.config, kind.page_size
+    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
     HKV, D = c.kv_heads, c.head_dim
     ROW = 2 * HKV * P  # rows of D values per page
     SHAPE = (2, HKV, P, D)
@@ -21,9 +21,9 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         NP = T.int64()
         N = T.int64()
-        pages = T.match_buffer(pages_h, (NP, *SHAPE), "float32")
+        pages = T.match_buffer(pages_h, (NP, *SHAPE), KV)
         ids = T.match_buffer(ids_h, (N,), "int32")
-        out = T.match_buffer(out_h, (N, *SHAPE), "float32")
+        out = T.match_buffer(out_h, (N, *SHAPE), KV)
         for i in T.thread_binding(N * ROW, thread="blockIdx.x"):
             for dd in T.thread_binding(T.int64(D), thread="threadIdx.x"):
                 out[i // ROW, i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd] = pages[
@@ -34,9 +34,9 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         NP = T.int64()
         N = T.int64()
-        pages = T.match_buffer(pages_h, (NP, *SHAPE), "float32")
+        pages = T.match_buffer(pages_h, (NP, *SHAPE), KV)
         ids = T.match_buffer(ids_h, (N,), "int32")
-        data = T.match_buffer(data_h, (N, *SHAPE), "float32")
+        data = T.match_buffer(data_h, (N, *SHAPE), KV)
         for i in T.thread_binding(N * ROW, thread="blockIdx.x"):
             for dd in T.thread_binding(T.int64(D), thread="threadIdx.x"):
                 pages[T.Cast("int64", ids[i // ROW]), i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd] = data[

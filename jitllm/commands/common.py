@@ -163,6 +163,10 @@ def open_model(model_path: str | None) -> CheckedModel:
     return open_checked(model_path)
 
 
+FAST_START_HELP = ("compile the CPU's missing artifacts before the first token (default: start on ONNX Runtime, "
+                   "move to them as they compile)")
+
+
 def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable[[str], None] | None = None,
                **overrides):
     """Load (converting the built-in default when `model_path` is None; `model_path` may be what `open_model`
@@ -185,7 +189,7 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"],
-        cluster=f.get("cluster"))
+        cluster=f.get("cluster"), fast_start=f.get("fast_start", False))
     return load_with(checked, options)
 
 
@@ -210,5 +214,5 @@ def finish_answer(model, reused: int | None = None) -> None:
 
 def _compile_log(message: str) -> None:
     """Without -v, the plan stays quiet; compile, cache, move and fallback events still reach stderr."""
-    if message.startswith(("compiled", "cache:", "moved", "relocated", "tune-seam", "warning:")):
+    if message.startswith(("compiled", "compiling", "fast start", "cache:", "moved", "relocated", "tune-seam", "warning:")):
         click.echo(f"jitllm: {message}", err=True)

@@ -41,7 +41,7 @@ from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.compile_child import run_in_child
+from jitllm.lowering.compile_child import FORKS, Child, run_in_child, start_child
 from jitllm.lowering.target import ARTIFACT_SUFFIXES, KERNEL_PACKAGE, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1
@@ -258,6 +258,50 @@ def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None,
     if log:
         log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {dest / file_name}")
     return Artifact(kind.kind, key, dest / file_name, True, seconds)
+
+
+def _dest(kind: BlockKind, target: Target, cache_dir: Path | None) -> tuple[Path, Path]:
+    """(the cache's root, the artifact file of `kind` for `target` there)."""
+    root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
+    name = f"{kind.kind}-{artifact_key(kind, target)}"
+    return root, root / target.name / name / f"{name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
+
+
+def is_cached(kind: BlockKind, target: Target, cache_dir: Path | None = None) -> bool:
+    """Whether the cache holds a sound artifact of `kind` for `target` that this run would load as it is
+    (JITLLM_CACHE on or readonly)."""
+    return cache_policy() in ("on", "readonly") and _valid(_dest(kind, target, cache_dir)[1])
+
+
+def compiles_in_background(target: Target, cache_dir: Path | None = None) -> bool:
+    """Whether artifacts for `target` can be compiled by background processes into the cache (Linux; the
+    cache read and written, JITLLM_CACHE=on, and writable): what they write is what a later load finds."""
+    root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
+    return FORKS and cache_policy() == "on" and _unwritable(root / target.name) is None
+
+
+@dataclass
+class BackgroundCompile:
+    """An artifact compiling in a child process of its own (compile_in_background)."""
+
+    kind: BlockKind
+    child: Child
+    directory: Path
+    """Its artifact's directory (a killed compile's temporary ones are beside it, swept by `stop`)."""
+    started: float
+
+    def stop(self) -> None:
+        """Kill the compile (and its link step) and remove what it had half written."""
+        self.child.kill()
+        sweep_stale(self.directory.parent, self.directory.name)
+
+
+def compile_in_background(kind: BlockKind, target: Target, cache_dir: Path | None = None) -> BackgroundCompile:
+    """Start compiling the artifact of `kind` for `target` into the cache in a child process (the compile
+    lock makes a second process needing it wait for this one); poll `.child`, then load it from the cache."""
+    _, path = _dest(kind, target, cache_dir)
+    child = start_child(lambda: get_artifact(kind, target, cache_dir, policy="on"))
+    return BackgroundCompile(kind, child, path.parent, time.perf_counter())
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from jitllm.runtime.backends.buffer_pool import pool_from_env
 from jitllm.runtime.backends.host import HOST, host_device, pool_size
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.engine.fast_start import FastStart, start_fast
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.placement import Placement, PlacementOption, with_placement
 from jitllm.runtime.planner import Plan, plan
@@ -33,7 +34,9 @@ class LoadOptions:
     grow the context, hand its last block to the host instead of failing. `gpu_grow`: start on the host and
     move one block per generated token to where the plan puts it. `tune_seam`: time a few seams while
     generating and keep the fastest (runtime/seam_tuning.py). `threads`: the host's CPU workers (None: one per
-    physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py)."""
+    physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py).
+    `fast_start`: host units whose artifacts the cache lacks start on ONNX Runtime and move to the host as
+    their artifacts compile in the background (runtime/engine/fast_start.py; the caller polls it)."""
 
     devices: str = "auto"
     vram: str | None = None
@@ -50,6 +53,7 @@ class LoadOptions:
     gpu_grow: bool = False
     tune_seam: bool = False
     threads: int | None = None
+    fast_start: bool = False
     cluster: str | None = None
     """A Ray cluster to join (`host:port` or `auto`): its nodes' devices are `NODE/DEVICE` entries of
     `devices` (jitllm.runtime.cluster, docs/cluster.md)."""
@@ -58,7 +62,7 @@ class LoadOptions:
 @dataclass
 class Opened:
     """A model file opened on its devices: its plan, the devices by name, the engine, and (-gpu-grow) the
-    moves still to make, one per generated token."""
+    moves still to make, one per generated token; (fast_start) the background compiles."""
 
     file: JlmFile
     layout: ModelLayout
@@ -66,6 +70,7 @@ class Opened:
     devices: dict[str, Device]
     executor: Executor
     grow_queue: list[tuple[int | str, str]]
+    fast_start: FastStart | None = None
 
 
 def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Opened:
@@ -112,9 +117,21 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
     cache_dir = Path(options.cache_dir) if options.cache_dir else None
+    fast = None
+    if options.fast_start:
+        fast = start_fast(layout, where, devices[HOST], devices.get("ort"), cache_dir, workers.count, log)
+        if fast is not None:
+            devices.setdefault(fast.away.name, fast.away)
     streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
-    executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
-    return Opened(file, layout, the_plan, devices, executor, grow)
+    try:
+        executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
+    except BaseException:
+        if fast is not None:
+            fast.close()
+        raise
+    if fast is not None:
+        fast.executor = executor
+    return Opened(file, layout, the_plan, devices, executor, grow, fast)
 
 
 def _remote(address: str | None):

@@ -94,6 +94,12 @@ class FastStart:
             return
         self.failed.add(compile_.kind)
         stay = [i for i, kinds in self.needs.items() if compile_.kind in kinds]
+        for index in stay:
+            del self.needs[index]
+        wanted = {k for kinds in self.needs.values() for k in kinds}
+        self.waiting = [k for k in self.waiting if k in wanted]  # (what only those units needed is not compiled)
+        if not stay:
+            return  # (another of their kinds failed first and said so)
         self._say(f"warning: the background compile of {_name(compile_.kind)} failed ({compile_.child.error}); "
                   f"{_units(stay)} stay on ONNX Runtime")
 
@@ -102,9 +108,7 @@ class FastStart:
             return
         moved, seconds = [], 0.0
         for index, kinds in list(self.needs.items()):
-            if self.failed & set(kinds):
-                del self.needs[index]
-            elif self.landed.issuperset(kinds):
+            if self.landed.issuperset(kinds):
                 del self.needs[index]
                 if self.executor.unit(index).device is not self.away:
                     continue  # (moved elsewhere meanwhile: -move-at, -gpu-grow)

@@ -76,13 +76,14 @@ class Opened:
 def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Opened:
     """For an opened .jlm and its (checked) layout: plan where each block runs, make the devices, upload
     weights and load (or compile) the artifacts."""
-    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.runtime.device_spec import hardware_only, parse_devices
 
     choices = []
     if options.devices.strip().lower() != "cpu":
         from jitllm.runtime.inventory import detect_inventory
 
-        choices = parse_devices(options.devices, detect_inventory(), options.vram, remote=_remote(options.cluster))
+        inventory = detect_inventory(software=not hardware_only(options.devices))
+        choices = parse_devices(options.devices, inventory, options.vram, remote=_remote(options.cluster))
     given = options.placement
     option = given if isinstance(given, PlacementOption) or given is None else with_placement(given)
     if option is not None:

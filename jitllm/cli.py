@@ -12,6 +12,7 @@ import click
 from jitllm.commands.common import TextCommand
 from jitllm.commands.output import OutputFailed, discard_stdout, guarded_stdout
 from jitllm.core.errors import JitllmError
+from jitllm.core.lean_imports import own_process
 from jitllm.core.termination import install_termination_handler
 
 MAX_MESSAGE = 400
@@ -33,14 +34,6 @@ def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
     return f"{message[:head]} [... {len(message) - head - tail} characters ...] {message[-tail:]}"
 
 
-def keep_torch_out() -> None:
-    """Mark torch absent for this process unless something imported it already: tvm_ffi imports it, where
-    it is installed, for DLPack exchange with torch tensors, which jitllm never makes (1.2 s of every
-    command's start and ~300 MB here: docs/performance.md). Only for a jitllm process of its own: an
-    embedding program (or a test) keeps its torch."""
-    sys.modules.setdefault("torch", None)  # (None in sys.modules: `import torch` raises ImportError)
-
-
 class _Group(click.Group):
     """A group whose every failure is one line on stderr (`PROG: error: ...`) and exit code 2, never a
     traceback."""
@@ -50,7 +43,7 @@ class _Group(click.Group):
     def main(self, args=None, prog_name=None, **extra):  # type: ignore[override]
         install_termination_handler(self.prog)
         if args is None:  # (this process is the command: its own argv; a caller's CliRunner passes args)
-            keep_torch_out()
+            own_process()
         argv = list(args) if args is not None else sys.argv[1:]
         try:
             with guarded_stdout():

@@ -179,8 +179,11 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
         raise click.UsageError(f"-vram {f['vram']}: -devices cpu uses no device to budget (leave -vram out)")
     # (a bad file fails here, before the imports below bring TVM in)
     checked = model_path if isinstance(model_path, CheckedModel) else open_model(model_path)
-    from jitllm.lowering.cache import stderr_log
-    from jitllm.model import LoadOptions, load_with, with_placement
+    from jitllm.core.lean_imports import importing_tvm
+
+    with importing_tvm():
+        from jitllm.lowering.cache import stderr_log
+        from jitllm.model import LoadOptions, load_with, with_placement
 
     option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
     options = LoadOptions(

@@ -77,15 +77,16 @@ def _sources_digest(names: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def artifact_key(kind: BlockKind, target: Target, root: Path | None = None) -> str:
+def artifact_key(kind: BlockKind, target: Target, root: Path | None = None, policy: str | None = None) -> str:
     """sha256 of the kind's ONNX graph and what lowers it (the module docstring). Building the graph
     imports onnx (~0.9 s) and takes milliseconds per kind, so where `root` (a cache's folder) is given
     the key is also kept there (`.keys/`), found again by a digest of everything the graph is built from
-    (the kind, jitllm's IR and core sources, the onnx and protobuf versions) and the same metadata."""
+    (the kind, jitllm's IR and core sources, the onnx and protobuf versions) and the same metadata, as
+    `policy` (default JITLLM_CACHE) allows: read where it reads the cache, written where it writes it."""
     sources = tuple(target.sources) + FORMAT_SOURCES[target.caps.artifact]
     meta = json.dumps({"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
                        "lowering": _sources_digest(sources), "schema": SCHEMA}, sort_keys=True)
-    policy = cache_policy() if root is not None else "off"
+    policy = (policy or cache_policy()) if root is not None else "off"
     memo = root / ".keys" / hashlib.sha256(f"{kind!r}|{_graph_sources()}|{meta}".encode()).hexdigest()[:32] \
         if policy != "off" else None
     if memo is not None and policy != "redo":
@@ -267,7 +268,7 @@ def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None,
     `rebuild`: compiled again even where the cache has it (it did not load)."""
     policy = policy or cache_policy()
     root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
-    key = artifact_key(kind, target, root)
+    key = artifact_key(kind, target, root, policy)
     name = f"{kind.kind}-{key}"
     file_name = f"{name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
     dest = root / target.name / name

@@ -154,7 +154,7 @@ def start_fast(layout: ModelLayout, where: dict[int | str, Device], home: Device
             away = Device("ort", OrtBackend("cpu", 0, "ort"), OnnxRuntimeTarget(), None)
         except JitllmError as e:  # (no ONNX Runtime: compile before the first token, as without fast start)
             if log:
-                log(f"fast start: off ({e})")
+                log(f"fast start: off ({e}); compiling before the first token")
             return None
     for index in needs:
         where[index] = away

@@ -12,6 +12,7 @@ import click
 from jitllm.commands.common import TextCommand
 from jitllm.commands.output import OutputFailed, discard_stdout, guarded_stdout
 from jitllm.core.errors import JitllmError
+from jitllm.core.lean_imports import own_process
 from jitllm.core.termination import install_termination_handler
 
 MAX_MESSAGE = 400
@@ -41,6 +42,8 @@ class _Group(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):  # type: ignore[override]
         install_termination_handler(self.prog)
+        if args is None:  # (this process is the command: its own argv; a caller's CliRunner passes args)
+            own_process()
         argv = list(args) if args is not None else sys.argv[1:]
         try:
             with guarded_stdout():

@@ -13,6 +13,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.runtime.backends.host import HOST
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
+from jitllm.runtime.engine.fast_start import FastStart
 from jitllm.runtime.engine.generation import GenerationStats, generate_ids
 from jitllm.runtime.engine.migration import MoveReport, fall_back_to_host, move_units, relocate
 from jitllm.runtime.engine.session import Session
@@ -50,11 +51,15 @@ class Model:
     """-gpu-grow: (unit, device) moves still to make, one per generated token."""
     tuner: SeamTuner | None = None
     """-tune-seam: trials of seams while generating."""
+    fast_start: FastStart | None = None
+    """Background compiles whose units start on ONNX Runtime (LoadOptions.fast_start), polled per token."""
     context_filled: bool = False
     """Whether the last generation stopped because the context had no room for another token."""
 
     def _scheduled_moves(self, produced: int) -> list[MoveReport]:
         reports: list[MoveReport] = []
+        if self.fast_start is not None:
+            self.fast_start.poll()  # (moves units whose artifacts landed; it says so itself, in one line)
         for spec in self.move_schedule.get(produced, []):
             reports += move_units(self, spec)
         if self.grow_queue:
@@ -163,7 +168,7 @@ def load_with(source: str | Path | CheckedModel, options: LoadOptions) -> Model:
     opened = open_model(checked.file, checked.layout, options)
     model = Model(checked.file.path, opened.file, opened.layout, opened.plan, opened.devices, opened.executor,
                   checked.tokenizer, no_gpu_fallback=options.no_gpu_fallback, log=options.log,
-                  grow_queue=opened.grow_queue)
+                  grow_queue=opened.grow_queue, fast_start=opened.fast_start)
     if options.relocate:
         opened.executor.relocate = model.relocate_from
     if options.tune_seam:

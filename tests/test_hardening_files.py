@@ -270,8 +270,9 @@ def test_sigterm_during_a_compile_ends_it_and_leaves_nothing(tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143 and stderr == "jitllm: error: terminated\n", (proc.returncode, stderr)
     assert _gone(child)
-    left = [p for p in cache.rglob("*") if (not p.is_dir() or p.name.startswith(".")) and ".locks" not in p.relative_to(cache).parts]
-    assert left == []  # (the compile lock files in .locks stay: empty, and the next compile takes them)
+    kept = {".locks", ".keys"}  # (compile locks: empty, the next compile takes them; keys: whole, atomic writes)
+    left = [p for p in cache.rglob("*") if (not p.is_dir() or p.name.startswith(".")) and not kept & set(p.relative_to(cache).parts)]
+    assert left == []
 
 
 def test_a_later_convert_sweeps_dead_writers_temporary_files_but_not_live_ones(tmp_path):

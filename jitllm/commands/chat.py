@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from jitllm.commands.common import (Utf8Text, finish_answer, load_model, opt, placement_options,
+from jitllm.commands.common import (FAST_START_HELP, Utf8Text, finish_answer, load_model, opt, placement_options,
                                     sampling_options, utf8_problem)
 
 EXIT = "/exit"
@@ -18,15 +18,16 @@ EXIT = "/exit"
 @opt("n", "max_tokens", type=click.IntRange(min=1), default=512, show_default=True,
      help="tokens per answer at most (and what the context has room for)")
 @sampling_options
+@opt("no-fast-start", "no_fast_start", is_flag=True, help=FAST_START_HELP)
 @placement_options
-def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flags) -> None:
+def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, no_fast_start, **flags) -> None:
     """Chat with MODEL (default: the built-in SmolLM2-135M-Instruct) through its chat template; each answer
     streams, Ctrl-C stops it (not the program), /exit or end of input leaves. A line that is not UTF-8 text,
     or that the context has no room for, is refused with a note and the chat goes on."""
     from jitllm.chat import Conversation, ConversationFull
     from jitllm.runtime.sampling import SamplingParams
 
-    model = load_model(model_path, flags)
+    model = load_model(model_path, flags, fast_start=not no_fast_start)
     conversation = Conversation(model, system)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     interactive = sys.stdin.isatty()
@@ -57,3 +58,5 @@ def chat(model_path, system, max_tokens, temperature, top_k, top_p, seed, **flag
             continue
         finish_answer(model, conversation.reused)
     conversation.close()
+    if model.fast_start is not None:
+        model.fast_start.finish()

@@ -170,6 +170,10 @@ def open_model(model_path: str | None) -> CheckedModel:
     return open_checked(model_path)
 
 
+FAST_START_HELP = ("compile the CPU's missing artifacts before the first token (default: start on ONNX Runtime, "
+                   "move to them as they compile)")
+
+
 def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable[[str], None] | None = None,
                **overrides):
     """Load (converting the built-in default when `model_path` is None; `model_path` may be what `open_model`
@@ -183,8 +187,11 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
     kv_type = kv_cache_type(f["cache_type_k"], f["cache_type_v"])
     # (a bad file fails here, before the imports below bring TVM in)
     checked = model_path if isinstance(model_path, CheckedModel) else open_model(model_path)
-    from jitllm.lowering.cache import stderr_log
-    from jitllm.model import LoadOptions, load_with, with_placement
+    from jitllm.core.lean_imports import importing_tvm
+
+    with importing_tvm():
+        from jitllm.lowering.cache import stderr_log
+        from jitllm.model import LoadOptions, load_with, with_placement
 
     option = with_placement(f["placement"], strict=f["placement_strict"]) if f["placement"] else None
     options = LoadOptions(
@@ -193,7 +200,7 @@ def load_model(model_path: str | CheckedModel | None, flags: dict, log: Callable
         log=log or (stderr_log if f["verbose"] else _compile_log),
         no_gpu_fallback=f["no_gpu_fallback"], cpu_kernels=f["cpu_kernels"], gpu_kernels=f["gpu_kernels"],
         relocate=f["relocate"], gpu_grow=f["gpu_grow"], tune_seam=f["tune_seam"], threads=f["threads"],
-        cluster=f.get("cluster"), kv_type=kv_type)
+        cluster=f.get("cluster"), kv_type=kv_type, fast_start=f.get("fast_start", False))
     return load_with(checked, options)
 
 
@@ -227,5 +234,5 @@ def finish_answer(model, reused: int | None = None) -> None:
 
 def _compile_log(message: str) -> None:
     """Without -v, the plan stays quiet; compile, cache, move and fallback events still reach stderr."""
-    if message.startswith(("compiled", "cache:", "moved", "relocated", "tune-seam", "warning:")):
+    if message.startswith(("compiled", "compiling", "fast start", "cache:", "moved", "relocated", "tune-seam", "warning:")):
         click.echo(f"jitllm: {message}", err=True)

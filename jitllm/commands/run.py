@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, finish_answer, load_model, opt,
-                                    placement_options, read_text, sampling_options)
+from jitllm.commands.common import (FAST_START_HELP, TextCommand, Utf8Text, checked_text, finish_answer,
+                                    load_model, opt, placement_options, read_text, sampling_options)
 
 
 @click.command(cls=TextCommand)
@@ -20,8 +20,10 @@ from jitllm.commands.common import (TextCommand, Utf8Text, checked_text, finish_
 @opt("system", type=Utf8Text(), default=None, help="system message (with -chat)")
 @opt("move-at", "move_at", multiple=True, metavar="TOKEN:SEL=TARGET[,...]",
      help="after TOKEN generated tokens, move blocks (repeatable), e.g. 8:0-9=cuda:0,head=host")
+@opt("no-fast-start", "no_fast_start", is_flag=True, help=FAST_START_HELP)
 @placement_options
-def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, **flags) -> None:
+def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, system, move_at, no_fast_start,
+        **flags) -> None:
     """Generate text. With only PROMPT, runs the built-in SmolLM2-135M-Instruct. A PROMPT that begins with -
     goes after --: jitllm run -n 8 -- MODEL "-1 is negative". Generation stops at -n tokens, a stop token or
     the end of the context (a note on stderr then)."""
@@ -33,7 +35,7 @@ def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, sy
     if system is not None and not chat:
         raise click.UsageError("-system is a message of the chat template: give -chat too")
     schedule = parse_move_at(move_at)
-    model = load_model(model_path, flags)
+    model = load_model(model_path, flags, fast_start=not no_fast_start)
     for specs in schedule.values():
         for spec in specs:
             parse_placement(spec).validate(len(model.executor.blocks), set(model.devices))
@@ -43,6 +45,8 @@ def run(args, prompt_file, max_tokens, temperature, top_k, top_p, seed, chat, sy
         sys.stdout.write(piece)
         sys.stdout.flush()
     finish_answer(model)
+    if model.fast_start is not None:
+        model.fast_start.finish()
 
 
 def split_prompt(args: tuple[str, ...], prompt_file: str | None) -> tuple[str | None, str]:

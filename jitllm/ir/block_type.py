@@ -5,12 +5,13 @@ one registry (blocks.py)."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import onnx
+from typing import TYPE_CHECKING, Protocol
 
 from jitllm.ir.config import BlockKind, ModelConfig
 from jitllm.ir.graph import GraphBuilder
+
+if TYPE_CHECKING:
+    import onnx
 
 KV_PAGES = "kv-pages"
 """Per session, KV pages in the device's pool, listed by a page table (attention)."""

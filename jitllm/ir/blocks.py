@@ -4,9 +4,7 @@ its type: its weight and activation inputs and its ONNX graph."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-import onnx
-from onnx import helper
+from typing import TYPE_CHECKING
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.layouts import weight_parts
@@ -18,6 +16,9 @@ from jitllm.ir.head import HEAD
 from jitllm.ir.llama import LLAMA
 from jitllm.ir.moe import MOE
 from jitllm.ir.ops import functions_for
+
+if TYPE_CHECKING:
+    import onnx
 
 BLOCK_TYPES: dict[str, BlockType] = {
     "llama": LLAMA,
@@ -44,6 +45,8 @@ def activation_inputs(kind: BlockKind) -> Inputs:
 def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     """The ONNX model of one block kind: its type's body over its inputs, with the model-local functions
     (jitllm.ir.ops) its custom ops call."""
+    from onnx import helper
+
     g = GraphBuilder()
     outputs = block_type(kind).body(g, kind, kind.lead)
     inputs = [tensor_info(n, d, s) for n, s, d in activation_inputs(kind) + weight_inputs(kind)]

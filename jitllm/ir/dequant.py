@@ -6,12 +6,10 @@ the kernels."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 
 from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, high_bit_position
-from jitllm.ir.graph import GraphBuilder
+from jitllm.ir.graph import F32, GraphBuilder
 
-F32 = onnx.TensorProto.FLOAT
 R = ROW_GROUP
 PER_SUPER = SUPER_BLOCK // QUANT_BLOCK
 

@@ -8,13 +8,16 @@ past: [batch, heads, D, D] float32, a fixed size whatever the history length (no
 
 from __future__ import annotations
 
-import onnx
+from typing import TYPE_CHECKING
 
 from jitllm.ir.block_type import RECURRENT, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import DOMAIN, GraphBuilder, tensor_info
 from jitllm.ir.layers import decoder_weight_inputs, ffn, ffn_linear_shapes, linear, norm
 from jitllm.ir.ops import GATED_RECURRENCE
+
+if TYPE_CHECKING:
+    import onnx
 
 GLA_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_gate", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import onnx
+from typing import TYPE_CHECKING
 
 from jitllm.ir.block_type import NO_STATE, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.graph import GraphBuilder, tensor_info
 from jitllm.ir.layers import linear_inputs, norm_linear
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def head_kind(cfg: ModelConfig, wtype: str) -> BlockKind:

@@ -9,8 +9,7 @@ arrive as cos/sin tables (computed on the host), so every dim is an input dim (D
 from __future__ import annotations
 
 from dataclasses import replace
-
-import onnx
+from typing import TYPE_CHECKING
 
 from jitllm.ir.block_type import KV_PAGES, Inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
@@ -27,6 +26,9 @@ from jitllm.ir.layers import (
     rope,
 )
 from jitllm.ir.ops import PAGED_ATTENTION, RAGGED_ATTENTION, ROTARY_ATTENTION, ROTARY_QKV
+
+if TYPE_CHECKING:
+    import onnx
 
 BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FUSED_LINEARS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}

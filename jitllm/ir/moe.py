@@ -16,8 +16,7 @@ its own tensors, `blk.N.ffn_gate_exps.E.qs` ..., together in one aligned page of
 from __future__ import annotations
 
 from dataclasses import replace
-
-import onnx
+from typing import TYPE_CHECKING
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES, Inputs
@@ -26,6 +25,9 @@ from jitllm.ir.graph import DOMAIN, GraphBuilder
 from jitllm.ir.layers import decoder_weight_inputs, linear, norm, parts
 from jitllm.ir.llama import FUSED_LINEARS, activation_inputs, attention, attention_outputs
 from jitllm.ir.ops import moe_op
+
+if TYPE_CHECKING:
+    import onnx
 
 EXPERT_LINEARS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 SHARED_LINEARS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")

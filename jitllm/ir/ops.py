@@ -44,13 +44,14 @@ targets without fused kernels lower them as their parts:
 from __future__ import annotations
 
 import itertools
-
-import onnx
-from onnx import helper
+from typing import TYPE_CHECKING
 
 from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.dequant import dequantize
-from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder
+from jitllm.ir.graph import DOMAIN, DTYPES, F32, OPSET, GraphBuilder
+
+if TYPE_CHECKING:
+    import onnx
 
 PAGED_ATTENTION = "PagedAttention"
 RAGGED_ATTENTION = "RaggedPagedAttention"
@@ -98,6 +99,8 @@ def split_moe_op(op_type: str) -> tuple[str, str, str] | None:
 def moe_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> onnx.FunctionProto:
     """The reference body: every expert on every token ([E, M, F] activations), then the routing weights
     scattered into a dense [M, E] matrix weigh their outputs."""
+    from onnx import helper
+
     g = GraphBuilder("moe_")
     names = [[f"{which}{i}" for i in range(n)] for which, n in zip("gud", counts)]
     wg, wu, wd = (dequantize(g, w, parts) for w, parts in zip(wtypes, names))  # [E*F, K], [E*F, K], [E*K, F]
@@ -120,7 +123,7 @@ def moe_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> 
     rows = g.op("Shape", ids, start=0, end=1)
     experts = g.op("Shape", out, start=1, end=2)
     dense = g.op("ScatterElements", g.op("ConstantOfShape", g.op("Concat", rows, experts, axis=0),
-                                         value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])),
+                                         value=helper.make_tensor("zero", F32, [1], [0.0])),
                  ids, weights, axis=1)  # [M, E]
     y = g.op("ReduceSum", g.op("Mul", out, g.op("Unsqueeze", dense, g.const([-1]))), g.const([1]), keepdims=0)
     g.rename(g.op("Reshape", y, g.op("Shape", "h")), "y")
@@ -135,6 +138,8 @@ def rms_norm(g: GraphBuilder, x: str, weight: str, eps: str) -> str:
 
 
 def _function(name: str, inputs: list[str], outputs: list[str], g: GraphBuilder) -> onnx.FunctionProto:
+    from onnx import helper
+
     calls_ours = any(node.domain == DOMAIN for node in g.nodes)  # a function calling jitllm's functions
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(DOMAIN, 1)] if calls_ours else [])
     return helper.make_function(DOMAIN, name, inputs, outputs, g.nodes, opset_imports=opsets)
@@ -191,8 +196,8 @@ def rotary_attention_function() -> onnx.FunctionProto:
 
 def paged_attention_function() -> onnx.FunctionProto:
     g = GraphBuilder("att_")
-    i64 = onnx.TensorProto.INT64
-    f32 = onnx.TensorProto.FLOAT
+    i64 = DTYPES["int64"]
+    f32 = F32
     # History gathered from the pool: [B, MP, 2, Hkv, P, D] -> K/V [B, Hkv, MP*P, D].
     hist = g.op("Cast", g.op("Gather", "pages", "page_table", axis=0), to=f32)  # (the pool's dtype: f32 or f16)
     hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
@@ -243,8 +248,8 @@ def ragged_attention_function() -> onnx.FunctionProto:
     """Each row as a query of its own, over the pages of its sequence's table and over the new rows of its
     sequence up to itself (masks from the row -> sequence map that seq_starts gives)."""
     g = GraphBuilder("rag_")
-    i64 = onnx.TensorProto.INT64
-    f32 = onnx.TensorProto.FLOAT
+    i64 = DTYPES["int64"]
+    f32 = F32
     zero, one = g.const(0), g.const(1)
     d_dim = g.op("Shape", "q", start=3)
     t_len = g.op("Shape", "q", start=1, end=2)  # [1]: T
@@ -290,7 +295,9 @@ def ragged_attention_function() -> onnx.FunctionProto:
 
 def gated_recurrence_function() -> onnx.FunctionProto:
     """The recurrence as an ONNX Scan over the sequence axis: one step's body per token."""
-    f32 = onnx.TensorProto.FLOAT
+    from onnx import helper
+
+    f32 = F32
     body = GraphBuilder("rec_")
     last, second = body.const([-1]), body.const([-2])
     decayed = body.op("Mul", body.op("Unsqueeze", "a_t", last), "s_in")  # [B, H, D, D] rows scaled by a

@@ -36,12 +36,12 @@ except ImportError:  # (Windows: no cross-process compile lock)
 import tvm
 
 import jitllm
-from jitllm.core.atomic import sweep_stale, temp_prefix, umask_mode
+from jitllm.core.atomic import atomic_write, sweep_stale, temp_prefix, umask_mode
 from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.core.paths import artifact_cache_dir
 from jitllm.ir.blocks import build_block_graph
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.compile_child import run_in_child
+from jitllm.lowering.compile_child import FORKS, Child, run_in_child, start_child
 from jitllm.lowering.target import ARTIFACT_SUFFIXES, KERNEL_PACKAGE, ONNX_FILE, SHARED_LIBRARY, Target
 
 SCHEMA = 1
@@ -77,14 +77,53 @@ def _sources_digest(names: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def artifact_key(kind: BlockKind, target: Target) -> str:
+def artifact_key(kind: BlockKind, target: Target, root: Path | None = None, policy: str | None = None) -> str:
+    """sha256 of the kind's ONNX graph and what lowers it (the module docstring). Building the graph
+    imports onnx (~0.9 s) and takes milliseconds per kind, so where `root` (a cache's folder) is given
+    the key is also kept there (`.keys/`), found again by a digest of everything the graph is built from
+    (the kind, jitllm's IR and core sources, the onnx and protobuf versions) and the same metadata, as
+    `policy` (default JITLLM_CACHE) allows: read where it reads the cache, written where it writes it."""
+    sources = tuple(target.sources) + FORMAT_SOURCES[target.caps.artifact]
+    meta = json.dumps({"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
+                       "lowering": _sources_digest(sources), "schema": SCHEMA}, sort_keys=True)
+    policy = (policy or cache_policy()) if root is not None else "off"
+    memo = root / ".keys" / hashlib.sha256(f"{kind!r}|{_graph_sources()}|{meta}".encode()).hexdigest()[:32] \
+        if policy != "off" else None
+    if memo is not None and policy != "redo":
+        with contextlib.suppress(OSError):
+            key = memo.read_text()
+            if len(key) == 24 and all(c in "0123456789abcdef" for c in key):
+                return key
     h = hashlib.sha256()
     h.update(build_block_graph(kind).SerializeToString())
-    sources = tuple(target.sources) + FORMAT_SOURCES[target.caps.artifact]
-    meta = {"target": target.cache_key(), "jitllm": jitllm.__version__, "tvm": tvm.__version__,
-            "lowering": _sources_digest(sources), "schema": SCHEMA}
-    h.update(json.dumps(meta, sort_keys=True).encode())
-    return h.hexdigest()[:24]
+    h.update(meta.encode())
+    key = h.hexdigest()[:24]
+    if memo is not None and policy in ("on", "redo"):
+        with contextlib.suppress(OSError):  # (a cache that cannot be written just keeps no memo)
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(memo) as f:
+                f.write(key.encode())
+    return key
+
+
+@lru_cache(maxsize=None)
+def _graph_sources() -> str:
+    """Digest of what a block's ONNX graph is built from besides its kind: jitllm's IR and core sources
+    and the onnx and protobuf versions (read without importing them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for folder in ("ir", "core"):
+        for path in sorted((package / folder).rglob("*.py")):
+            h.update(path.relative_to(package).as_posix().encode())
+            h.update(path.read_bytes())
+    for name in ("onnx", "protobuf"):
+        try:
+            h.update(f"{name}={version(name)}".encode())
+        except PackageNotFoundError:
+            h.update(f"{name}=?".encode())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -229,7 +268,7 @@ def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None,
     `rebuild`: compiled again even where the cache has it (it did not load)."""
     policy = policy or cache_policy()
     root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
-    key = artifact_key(kind, target)
+    key = artifact_key(kind, target, root, policy)
     name = f"{kind.kind}-{key}"
     file_name = f"{name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
     dest = root / target.name / name
@@ -258,6 +297,50 @@ def get_artifact(kind: BlockKind, target: Target, cache_dir: Path | None = None,
     if log:
         log(f"compiled {kind.kind} for {target.name} in {seconds:.1f}s -> {dest / file_name}")
     return Artifact(kind.kind, key, dest / file_name, True, seconds)
+
+
+def _dest(kind: BlockKind, target: Target, cache_dir: Path | None) -> tuple[Path, Path]:
+    """(the cache's root, the artifact file of `kind` for `target` there)."""
+    root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
+    name = f"{kind.kind}-{artifact_key(kind, target, root)}"
+    return root, root / target.name / name / f"{name}{ARTIFACT_SUFFIXES[target.caps.artifact]}"
+
+
+def is_cached(kind: BlockKind, target: Target, cache_dir: Path | None = None) -> bool:
+    """Whether the cache holds a sound artifact of `kind` for `target` that this run would load as it is
+    (JITLLM_CACHE on or readonly)."""
+    return cache_policy() in ("on", "readonly") and _valid(_dest(kind, target, cache_dir)[1])
+
+
+def compiles_in_background(target: Target, cache_dir: Path | None = None) -> bool:
+    """Whether artifacts for `target` can be compiled by background processes into the cache (Linux; the
+    cache read and written, JITLLM_CACHE=on, and writable): what they write is what a later load finds."""
+    root = Path(cache_dir) if cache_dir is not None else artifact_cache_dir()
+    return FORKS and cache_policy() == "on" and _unwritable(root / target.name) is None
+
+
+@dataclass
+class BackgroundCompile:
+    """An artifact compiling in a child process of its own (compile_in_background)."""
+
+    kind: BlockKind
+    child: Child
+    directory: Path
+    """Its artifact's directory (a killed compile's temporary ones are beside it, swept by `stop`)."""
+    started: float
+
+    def stop(self) -> None:
+        """Kill the compile (and its link step) and remove what it had half written."""
+        self.child.kill()
+        sweep_stale(self.directory.parent, self.directory.name)
+
+
+def compile_in_background(kind: BlockKind, target: Target, cache_dir: Path | None = None) -> BackgroundCompile:
+    """Start compiling the artifact of `kind` for `target` into the cache in a child process (the compile
+    lock makes a second process needing it wait for this one); poll `.child`, then load it from the cache."""
+    _, path = _dest(kind, target, cache_dir)
+    child = start_child(lambda: get_artifact(kind, target, cache_dir, policy="on"))
+    return BackgroundCompile(kind, child, path.parent, time.perf_counter())
 
 
 @contextlib.contextmanager

@@ -79,6 +79,12 @@ def default_budget(free_bytes: int) -> int:
     return max(0, free_bytes - max(free_bytes // 8, MIN_HEADROOM))
 
 
+def hardware_only(text: str) -> bool:
+    """Whether every entry of a -devices value takes ranked hardware GPUs only (auto, all, bare gpu, cpu),
+    none that names an adapter a software one could be (vulkan:0, gpu:N)."""
+    return all(e.partition("=")[0].strip().lower() in ("auto", "all", "gpu", "cpu") for e in text.split(","))
+
+
 def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
                   timer: Timer | None = None, remote: Remote | None = None) -> list[DeviceChoice]:
     """The devices `text` names, in order, each with a budget; an empty list means the CPU alone.

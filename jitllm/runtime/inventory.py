@@ -125,14 +125,30 @@ class Inventory:
         return data
 
 
-def detect_inventory() -> Inventory:
-    """Probe CUDA (NVML), Vulkan and Metal (wgpu) and the CPU of this process."""
+def detect_inventory(software: bool = True) -> Inventory:
+    """Probe CUDA (NVML), Vulkan and Metal (wgpu) and the CPU of this process. `software=False`: the
+    caller takes hardware GPUs only (-devices auto, all, gpu), so wgpu is not asked where no GPU device
+    node exists (`gpu_nodes`): there it finds software adapters alone (llvmpipe), and asking costs ~1.2 s
+    (the parse of its C header, the enumeration) of every run's start."""
     cpu = detect_cpu()
     cuda = _cuda_views()
-    wgpu_views = _wgpu_views(cpu)
+    wgpu_views = _wgpu_views(cpu) if software or gpu_nodes() else []
     vulkan = _adopt_identity([v for v in wgpu_views if v[0].backend == "vulkan"], cuda)
     metal = [v for v, _ in wgpu_views if v.backend == "metal"]
     return Inventory.from_views([v for v, _ in cuda] + vulkan + metal, cpu)
+
+
+GPU_NODES = ("dri/renderD*", "nvidia[0-9]*", "dxg")
+"""Device nodes (under /dev) a hardware GPU's driver makes on Linux: a DRM render node (Mesa's Vulkan
+drivers, amdgpu, i915), NVIDIA's own, WSL's GPU paravirtualisation."""
+
+
+def gpu_nodes(dev: str = "/dev") -> bool:
+    """Whether this machine may have a hardware GPU (on Linux: one of GPU_NODES exists; elsewhere: yes)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    root = Path(dev)
+    return any(next(root.glob(pattern), None) is not None for pattern in GPU_NODES)
 
 
 # ---- CUDA through NVML ---------------------------------------------------------------------------

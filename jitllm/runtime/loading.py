@@ -18,6 +18,7 @@ from jitllm.runtime.backends.host import HOST, host_device, placed_by_address, p
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
 from jitllm.runtime.inventory import detect_cpu
+from jitllm.runtime.engine.fast_start import FastStart, start_fast
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.numa import Interleaver, current_policy, numa_plan
 from jitllm.runtime.placement import Placement, PlacementOption, with_placement
@@ -40,7 +41,9 @@ class LoadOptions:
     generating and keep the fastest (runtime/seam_tuning.py). `threads`: the host's CPU workers (None: one per
     physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py).
     `kv_type`: what the KV cache stores (f32 or f16, as llama.cpp's -ctk/-ctv; f32 on devices whose target
-    lacks it, TargetCaps.kv_types)."""
+    lacks it, TargetCaps.kv_types).
+    `fast_start`: host units whose artifacts the cache lacks start on ONNX Runtime and move to the host as
+    their artifacts compile in the background (runtime/engine/fast_start.py; the caller polls it)."""
 
     devices: str = "auto"
     vram: str | None = None
@@ -58,6 +61,7 @@ class LoadOptions:
     tune_seam: bool = False
     threads: int | None = None
     kv_type: str = DEFAULT_KV_TYPE
+    fast_start: bool = False
     cluster: str | None = None
     """A Ray cluster to join (`host:port` or `auto`): its nodes' devices are `NODE/DEVICE` entries of
     `devices` (jitllm.runtime.cluster, docs/cluster.md)."""
@@ -66,7 +70,7 @@ class LoadOptions:
 @dataclass
 class Opened:
     """A model file opened on its devices: its plan, the devices by name, the engine, and (-gpu-grow) the
-    moves still to make, one per generated token."""
+    moves still to make, one per generated token; (fast_start) the background compiles."""
 
     file: JlmFile
     layout: ModelLayout
@@ -74,12 +78,13 @@ class Opened:
     devices: dict[str, Device]
     executor: Executor
     grow_queue: list[tuple[int | str, str]]
+    fast_start: FastStart | None = None
 
 
 def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Opened:
     """For an opened .jlm and its (checked) layout: plan where each block runs, make the devices, upload
     weights and load (or compile) the artifacts."""
-    from jitllm.runtime.device_spec import parse_devices
+    from jitllm.runtime.device_spec import hardware_only, parse_devices
 
     if options.kv_type not in KV_DTYPES:
         raise JitllmError(f"KV cache type {options.kv_type!r} is not supported (supported: {', '.join(KV_DTYPES)})")
@@ -93,7 +98,7 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     if options.devices.strip().lower() != "cpu":
         from jitllm.runtime.inventory import detect_inventory
 
-        inventory = detect_inventory()
+        inventory = detect_inventory(software=not hardware_only(options.devices))
         timer = head_timer(file, layout, inventory, workers.count, options.cpu_kernels, options.gpu_kernels, host,
                            cache_dir, log)
         choices = parse_devices(options.devices, inventory, options.vram, timer=timer, remote=_remote(options.cluster))
@@ -130,11 +135,23 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     context = min(options.ctx or DEFAULT_CTX, layout.config.context)
     if context < 1:
         raise JitllmError(f"context must be at least 1 token (got {options.ctx})")
+    fast = None
+    if options.fast_start:
+        fast = start_fast(layout, where, devices[HOST], devices.get("ort"), cache_dir, workers.count, log)
+        if fast is not None:
+            devices.setdefault(fast.away.name, fast.away)
     streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
-    executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
+    try:
+        executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
+    except BaseException:
+        if fast is not None:
+            fast.close()
+        raise
+    if fast is not None:
+        fast.executor = executor
     if log and interleaver is not None:
         log(interleaver.describe())
-    return Opened(file, layout, the_plan, devices, executor, grow)
+    return Opened(file, layout, the_plan, devices, executor, grow, fast)
 
 
 def _numa(host: Device, workers: Workers, log: Callable[[str], None] | None) -> Interleaver | None:

@@ -205,3 +205,21 @@ def test_two_callers_needing_one_artifact_compile_it_once(tmp_path, monkeypatch)
         t.join(timeout=120)
     assert len(builds) == 1 and sorted(r.built for r in results) == [False, True]
     assert results[0].path == results[1].path
+
+
+def test_a_kept_key_spares_building_the_graph(tmp_path, monkeypatch):
+    import jitllm.lowering.cache as cache
+
+    key = artifact_key(KIND, LlvmTarget(), tmp_path)
+    assert len(list((tmp_path / ".keys").iterdir())) == 1 and key == artifact_key(KIND, LlvmTarget())
+
+    def no_graph(kind):
+        raise AssertionError("the graph was built")
+
+    monkeypatch.setattr(cache, "build_block_graph", no_graph)
+    assert artifact_key(KIND, LlvmTarget(), tmp_path) == key  # (a warm start: no onnx import, no graph)
+    assert artifact_key(KIND, LlvmTarget(), tmp_path, policy="readonly") == key
+    with pytest.raises(AssertionError, match="the graph was built"):
+        artifact_key(KIND, LlvmTarget(), tmp_path, policy="redo")  # (redo trusts nothing it kept)
+    with pytest.raises(AssertionError, match="the graph was built"):
+        artifact_key(head_kind(CFG, "q4_1"), LlvmTarget(), tmp_path)  # (another kind: another digest)

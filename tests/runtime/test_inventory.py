@@ -165,3 +165,35 @@ def test_hardware_command_lists_each_card_once_with_its_other_backends(monkeypat
     assert [g["spec_name"] for g in data["gpus"]] == ["cuda:0"]
     assert [g["spec_name"] for g in data["other_backends"]] == ["vulkan:0"]
     assert hardware_command.render(Inventory.from_views([], HOST)).startswith("GPUs: none")
+
+
+def test_hardware_only_device_lists_skip_wgpu_where_no_gpu_node_exists(monkeypatch, tmp_path):
+    """-devices auto takes hardware GPUs only; without a GPU device node wgpu could find software adapters
+    alone, so it is not asked (~1.2 s of the start); a list naming an adapter still asks it."""
+    from jitllm.runtime.device_spec import hardware_only
+
+    asked = []
+    monkeypatch.setattr(inv, "_wgpu_views", lambda cpu: asked.append(1) or [])
+    monkeypatch.setattr(inv, "gpu_nodes", lambda: False)
+    assert hardware_only("auto") and hardware_only("all") and hardware_only(" gpu=2G") and hardware_only("cpu")
+    assert not hardware_only("vulkan:0") and not hardware_only("gpu:1") and not hardware_only("auto,vulkan")
+    inv.detect_inventory(software=False)
+    assert asked == []
+    inv.detect_inventory(software=True)
+    assert asked == [1]
+    monkeypatch.setattr(inv, "gpu_nodes", lambda: True)
+    inv.detect_inventory(software=False)
+    assert asked == [1, 1]
+
+
+def test_gpu_nodes_are_device_files_a_gpu_driver_makes(tmp_path, monkeypatch):
+    monkeypatch.setattr(inv.sys, "platform", "linux")
+    assert not inv.gpu_nodes(str(tmp_path))
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri" / "card0").touch()  # (a display-only card: no render node)
+    assert not inv.gpu_nodes(str(tmp_path))
+    (tmp_path / "dri" / "renderD128").touch()
+    assert inv.gpu_nodes(str(tmp_path))
+    (tmp_path / "dri" / "renderD128").unlink()
+    (tmp_path / "nvidia0").touch()
+    assert inv.gpu_nodes(str(tmp_path))

@@ -16,6 +16,7 @@ from jitllm.runtime.engine.executor import Executor
 from jitllm.runtime.engine.fast_start import FastStart
 from jitllm.runtime.engine.generation import GenerationStats, generate_ids
 from jitllm.runtime.engine.migration import MoveReport, fall_back_to_host, move_units, relocate
+from jitllm.runtime.engine.rebuild import FallBack
 from jitllm.runtime.engine.session import Session
 from jitllm.runtime.loading import LoadOptions, open_model
 from jitllm.runtime.model_layout import ModelLayout
@@ -82,9 +83,9 @@ class Model:
         steps, with every live session's KV pages. All or nothing: on any error nothing has moved."""
         return move_units(self, f"{blocks}={target}")
 
-    def fall_back_to_host(self, failed: str | None = None) -> list[str]:
+    def fall_back_to_host(self, failed: str | None = None) -> FallBack:
         """Bring units home after a device failure (those on the device named `failed`, else every unit
-        away from the host), dropping the sessions' KV held on them (recomputed later); the devices left."""
+        away from the host), computing again only their KV for the sessions that held some there."""
         return fall_back_to_host(self.executor, self.devices[HOST], failed)
 
     def encode_prompt(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
@@ -126,11 +127,11 @@ class Model:
         sampler = Sampler(sampling)
         stops = set(self.tokenizer.stop_token_ids)
         generated: list[int] = []
-        feed, history = ids, list(session.tokens)
+        history = len(session.tokens)
         try:
             while True:
-                try:
-                    for token in generate_ids(self.executor, session, feed + generated,
+                try:  # (after a fall-back the session holds what was fed before the fault: the rest is fed)
+                    for token in generate_ids(self.executor, session, (ids + generated)[session.length - history:],
                                               min(max_tokens, room) - len(generated), sampler, stops, stats):
                         generated.append(token)
                         yield token
@@ -141,11 +142,8 @@ class Model:
                 except DeviceFault as fault:
                     if self.no_gpu_fallback:
                         raise JitllmError(f"{fault} (-no-gpu-fallback is set)") from None
-                    self._log(f"warning: {fault}; finishing on the CPU (its blocks come back from the file; "
-                              f"the prompt is fed again to recompute their KV)")
-                    self.fall_back_to_host(fault.device)
-                    self.executor.reset_session(session)
-                    feed = history + ids  # (the session's earlier history too: it was on the device)
+                    report = self.fall_back_to_host(fault.device)
+                    self._log(f"warning: {fault}; finishing on the CPU: {report.describe()}")
         finally:
             if own:
                 self.executor.close_session(session)

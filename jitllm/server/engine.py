@@ -11,8 +11,9 @@ slots wait in a bounded queue; a full queue is a 429, never a drop.
 Where a device's KV pool is full, the prefix cache's idle sessions are closed first (least recently used
 first); then, in batched turns, a prompt chunk waits and a decoding slot spills the slot admitted last to
 the host (runtime/engine/spill.py, as BatchRunner does), which is resumed, first spilled first, before any
-new job is admitted: no KV is recomputed to make room. Only a device fault recomputes: every unit goes
-home and each slot's history is fed again."""
+new job is admitted: no KV is recomputed to make room. Only a device fault recomputes: the failed device's
+(or node's) units go home and only their KV is computed again for the sessions that held some there
+(runtime/engine/rebuild.py); every slot then goes on from where its session is."""
 
 from __future__ import annotations
 
@@ -378,8 +379,9 @@ class Engine:
         slot.job.deliver(slot.sampler.last if isinstance(slot.sampler, LogprobSampler) else Token(token))
 
     def _fall_back(self, fault: DeviceFault) -> None:
-        """A device failed during some slot's step: every slot stops where it is, the units go home, and each
-        slot starts again on the host from its prompt and what it generated (the sessions were reset)."""
+        """A device failed during some slot's step: every slot stops where it is, that device's units go home
+        (only their KV computed again, for every session that held some there), and each slot starts again
+        from what its session holds."""
         if self.model.no_gpu_fallback:
             for slot in list(self._slots):
                 self._fail(slot, f"{fault} (-no-gpu-fallback is set)")
@@ -388,12 +390,10 @@ class Engine:
             if slot.tokens is not None:
                 _close(slot)
         held = [slot for slot in self._slots if slot.spilled is None]
-        lost = sum(slot.session.length for slot in held)
-        self.model.fall_back_to_host()
+        report = self.model.fall_back_to_host(fault.device)
         self.metrics.fallbacks.inc()
-        self.metrics.recomputed_tokens.inc(lost)
-        self._log(f"warning: {fault}; every unit is now on the host: recomputing the KV of {len(held)} slots "
-                  f"({lost} positions)")
+        self.metrics.recomputed.inc(report.block_positions)
+        self._log(f"warning: {fault}; {report.describe()}")
         for slot in held:  # (spilled slots keep their host copy)
             self._begin(slot)
 

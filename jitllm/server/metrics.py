@@ -35,10 +35,10 @@ class Metrics:
         self.spilled_bytes = Counter("jitllm_kv_spilled_bytes", "KV bytes copied to the host by spills", registry=r)
         self.cache_discards = Counter("jitllm_sessions_discarded", "Idle cached sessions closed to make room in a "
                                       "full pool", registry=r)
-        self.fallbacks = Counter("jitllm_device_fallbacks", "Device faults that sent every unit to the host",
+        self.fallbacks = Counter("jitllm_device_fallbacks", "Device faults that sent the device's units to the host",
                                  registry=r)
-        self.recomputed_tokens = Counter("jitllm_recomputed_tokens", "Positions whose KV was lost in a device "
-                                         "fault and computed again", registry=r)
+        self.recomputed = Counter("jitllm_recomputed_block_positions", "KV lost in a device fault and computed "
+                                  "again, in positions times the lost blocks", registry=r)
         self.moves = Counter("jitllm_moves", "Units (blocks, head) moved between devices", registry=r)
         self.moved_bytes = Counter("jitllm_moved_bytes", "Weight and KV bytes moved", registry=r)
 

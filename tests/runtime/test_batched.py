@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kv_contents import kv_of
 
 from jitllm import model as jm
 from jitllm.core.errors import JitllmError
@@ -118,7 +119,7 @@ def test_spill_and_resume_without_recompute(tiny_model, cache_dir):
     assert [r.output for r in requests] == expected
     assert runner.stats.spills >= 1 and runner.stats.resumes == runner.stats.spills
     assert runner.stats.prefill_tokens == sum(len(p) for p in ps)  # nothing prefilled twice
-    assert runner.stats.recomputed_tokens == 0
+    assert runner.stats.recomputed_block_positions == 0
 
 
 def test_move_in_the_middle_of_a_batch(tiny_model, cache_dir):
@@ -145,13 +146,14 @@ def test_recurrent_blocks_are_refused(tiny_hybrid_model, cache_dir):
         BatchRunner(model.executor)
 
 
-def test_device_failure_mid_batch_recomputes_and_keeps_the_tokens(tiny_model, cache_dir):
-    """A device whose launch fails mid-step: every unit comes home and only then is KV recomputed (counted);
-    every request still gets the tokens it gets alone."""
+def test_device_failure_mid_batch_recomputes_only_the_lost_block(tiny_four_blocks, cache_dir):
+    """A device whose launch fails mid-step: its block comes home and only that block's KV is computed
+    again for each request (counted in block-positions, said in the log); the other blocks' pages stay as
+    they were and every request still gets the tokens it gets alone."""
     from jitllm.runtime.backends.fake import with_faults
 
     sim = with_faults(simulated_device("sim:0"))
-    model = jm.load(tiny_model, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir, extra_devices=[sim])
+    model = jm.load(tiny_four_blocks, devices="cpu", cpu_kernels="exact", cache_dir=cache_dir, extra_devices=[sim])
     model.move("1", "sim:0")
     ps = prompts(3)
     expected = [alone(model, p, 8)[0] for p in ps]
@@ -160,10 +162,17 @@ def test_device_failure_mid_batch_recomputes_and_keeps_the_tokens(tiny_model, ca
     requests = [runner.submit(p, 8, greedy()) for p in ps]
     for _ in range(3):
         runner.step()
-    held = sum(r.session.length for r in requests)
+    lengths = [r.session.length for r in requests]
+    kept = [{b: kv_of(r.session, b, n) for b in (0, 2, 3)} for r, n in zip(requests, lengths)]
     sim.backend.faults.launch = True
+    assert runner.step() == []  # (the step that failed: the fall-back, then it is planned again)
+    assert runner.stats.recomputed_block_positions == sum(lengths)  # (one lost block)
+    assert [r.session.length for r in requests] == lengths
+    for r, n, before in zip(requests, lengths, kept):
+        assert all(np.array_equal(kv_of(r.session, b, n), kv) for b, kv in before.items())
     runner.run()
     assert [r.output for r in requests] == expected
-    assert runner.stats.recomputed_tokens == held
     assert all(u.device.name == "host" for u in [*model.executor.blocks, model.executor.head])
-    assert any("sim:0" in line and "recomputing" in line for line in logged)
+    [line] = [x for x in logged if x.startswith("warning: sim:0: ")]
+    assert (f"recomputed only block 1 for 3 sessions ({sum(lengths)} positions, {sum(lengths)} block-positions)"
+            in line)

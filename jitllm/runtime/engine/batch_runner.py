@@ -3,8 +3,9 @@ token, prompt chunks under a token budget) runs as one batched step (batched.py)
 request. Where a pool is full, prompts wait; where a decoding request cannot get a page, the request
 admitted last is spilled to the host (spill.py) and resumed before any new prompt is admitted, so no KV
 is ever recomputed to make room. The one recompute: a device that fails mid-step (its memory cannot be
-read) sends every unit home (`fall_back`), and each request held in the pools prefills its history again
-(counted, and said through `log`); spilled requests keep their host copy."""
+read) sends its units home (`fall_back`), which computes again only their KV for the requests that held
+some there (rebuild.py; counted in block-positions and said through `log`), and the step is planned
+again; spilled requests keep their host copy."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.runtime.engine import spill as spilling
 from jitllm.runtime.engine.batched import check_batchable
 from jitllm.runtime.engine.kv import try_room
+from jitllm.runtime.engine.rebuild import FallBack
 from jitllm.runtime.engine.scheduler import SequencePlan, plan_step
 from jitllm.runtime.engine.session import Session
 from jitllm.runtime.sampling import Sampler
@@ -32,8 +34,6 @@ class BatchRequest:
     stop_ids: frozenset[int]
     session: Session
     plan: SequencePlan
-    feed: list[int] = field(default_factory=list)
-    """The tokens it prefills: its prompt, or after a device failure its whole history."""
     output: list[int] = field(default_factory=list)
     pending: int | None = None
     """The token sampled last, fed at its next step."""
@@ -42,8 +42,6 @@ class BatchRequest:
     """The step it first ran in (-1: not yet); the request admitted last is spilled first."""
     finished: str | None = None
     """DONE_STOP, DONE_LENGTH or DONE_CONTEXT once it has finished."""
-    resume_token: int | None = None
-    """After a device failure: the token it was about to feed when its history is prefilled again."""
 
 
 @dataclass
@@ -56,17 +54,19 @@ class BatchStats:
     spills: int = 0
     resumes: int = 0
     spilled_bytes: int = 0
-    recomputed_tokens: int = 0
-    """Positions whose KV was lost and computed again: making room never does; only a failed device's."""
+    recomputed_block_positions: int = 0
+    """KV computed again, in positions times blocks (a lost block's positions each): making room never
+    does; only a failed device's blocks are."""
 
 
 class BatchRunner:
     """Requests in, tokens out, one batched step at a time (`step`), on one executor's units."""
 
     def __init__(self, executor, token_budget: int = 512, max_sequences: int = 64,
-                 log: Callable[[str], None] | None = None, fall_back: Callable[[], list[str]] | None = None) -> None:
-        """`fall_back`: brings every unit home after a device failure (Model.fall_back_to_host); without it a
-        device failure ends the run."""
+                 log: Callable[[str], None] | None = None,
+                 fall_back: Callable[[str], FallBack] | None = None) -> None:
+        """`fall_back`: brings the failed device's units home after a device failure, their KV computed
+        again (Model.fall_back_to_host); without it a device failure ends the run."""
         if token_budget < 1 or max_sequences < 1:
             raise JitllmError("a batched step needs a token budget and a sequence limit of at least 1")
         check_batchable(executor)
@@ -84,7 +84,7 @@ class BatchRunner:
         if len(prompt) >= self.ex.ctx:
             raise JitllmError(f"a prompt of {len(prompt)} tokens does not fit the context of {self.ex.ctx}")
         request = BatchRequest(len(self.requests), list(prompt), max_tokens, sampler, frozenset(stop_ids),
-                               self.ex.new_session(), SequencePlan(len(self.requests), len(prompt)), list(prompt))
+                               self.ex.new_session(), SequencePlan(len(self.requests), len(prompt)))
         self.requests.append(request)
         return request
 
@@ -118,9 +118,6 @@ class BatchRunner:
                 self.stats.prefill_tokens += len(ids)
                 if request.plan.fed < request.plan.prompt:
                     continue
-                if request.resume_token is not None:  # its history is back: go on where it was
-                    request.pending, request.plan.decoding, request.resume_token = request.resume_token, True, None
-                    continue
             token = request.sampler(row)
             if token in request.stop_ids:
                 self._finish(request, DONE_STOP)
@@ -149,7 +146,7 @@ class BatchRunner:
         out = []
         for rid, count in plan:
             r = by_id[rid]
-            out.append((r, [r.pending] if r.plan.decoding else r.feed[r.plan.fed:r.plan.fed + count]))
+            out.append((r, [r.pending] if r.plan.decoding else r.prompt[r.plan.fed:r.plan.fed + count]))
         return out
 
     def _make_room(self, plan: list[tuple[BatchRequest, list[int]]]) -> list[tuple[BatchRequest, list[int]]]:
@@ -203,19 +200,12 @@ class BatchRunner:
             request.spilled = None
 
     def _recover(self, fault: DeviceFault) -> None:
-        """Every unit home (the sessions' histories there are gone); each request that held KV prefills its
-        history again and then goes on from the token it was about to feed."""
-        again = [r for r in self.unfinished if r.spilled is None and r.session.length]
-        lost = sum(r.session.length for r in again)
-        left = self.fall_back()
-        self.stats.recomputed_tokens += lost
-        for r in again:
-            if r.plan.decoding:
-                r.feed, r.resume_token = r.prompt + r.output[:-1], r.pending
-            r.plan.prompt, r.plan.fed, r.plan.decoding, r.pending = len(r.feed), 0, False, None
+        """The failed device's units home, only their KV computed again for the requests that held some there
+        (every request keeps its history and goes on where it was)."""
+        report = self.fall_back(fault.device)
+        self.stats.recomputed_block_positions += report.block_positions
         if self.log:
-            self.log(f"warning: {fault}; {', '.join(left)} left, its blocks now on the host: recomputing the KV of "
-                     f"{len(again)} requests ({lost} positions)")
+            self.log(f"warning: {fault}; {report.describe()}")
 
     def _finish(self, request: BatchRequest, why: str) -> None:
         request.finished = why

@@ -10,7 +10,7 @@ dtypes, f16 and a target's f32, go through the host and are converted there). On
 unit switched over and the source's memory freed (its weights buffer kept for the next unit to arrive
 where the source has a weight pool, jitllm.runtime.backends.buffer_pool; the destination's came from
 its pool where one was kept); any failure before that undoes what was done, so the block keeps running
-where it was with its KV intact. Nothing is recomputed.
+where it was with its KV intact. Nothing is recomputed (but by a fall-back from a failed device: rebuild.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine import units
 from jitllm.runtime.engine.kv_pages import PageTable
+from jitllm.runtime.engine.rebuild import FallBack, rebuild_sessions
 from jitllm.runtime.engine.recurrent import RecurrentState, commit_states, copy_states
 from jitllm.runtime.planner import STREAM_SLOTS
 
@@ -200,21 +201,31 @@ def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source
     return count * src_pool.page_bytes
 
 
-def fall_back_to_host(executor, host: Device, failed: str | None = None) -> list[str]:
+def fall_back_to_host(executor, host: Device, failed: str | None = None) -> FallBack:
     """Bring units home after a device failure: those on the device named `failed` (every unit away from
     the host where None, or where no unit is on `failed`), each unit's weights from the model file. The
-    sessions that held KV pages or state on them are dropped (the caller recomputes them); the others keep
-    their history (a node of a cluster dying leaves the other nodes' and devices' blocks where they are).
-    The devices left, by name."""
+    sessions' pages and state on them are dropped (that memory cannot be read) and only those blocks' KV
+    is computed again from each session's history (rebuild.py); every other block, on the host or on
+    another device or node, keeps its pages."""
     away = [u for u in [*executor.blocks, executor.head] if u.device is not host]
     lost = [u for u in away if u.device.name == failed] or away
-    indices = {u.index for u in lost}
-    for session in list(executor.sessions.values()):
-        if any(session.tables[i].ids for i in indices if i in session.tables) or indices & set(session.states):
-            executor.reset_session(session)
+    indices, names = {u.index for u in lost}, sorted({u.device.name for u in lost})
+    held = []
+    for session in executor.sessions.values():
+        tables = [session.tables.pop(i) for i in indices if i in session.tables]
+        states = [session.states.pop(i) for i in indices if i in session.states]
+        if any(t.ids for t in tables) or states:
+            held.append(session)
+        for dropped in [*tables, *states]:
+            dropped.release()
+        for name in names:  # (what the session kept on the device left: its tables and step inputs there)
+            session.arenas.pop(name, None)
+            session.step_inputs.pop(name, None)
+        if session.pipeline is not None and session.pipeline.device.name in names:
+            session.pipeline = None
     for unit in lost:
         move_unit(executor, unit.index, host, from_file=True)
-    return sorted({u.device.name for u in lost})
+    return rebuild_sessions(executor, names, [u.index for u in lost], held)
 
 
 def relocate(executor, plan, device: Device, host: Device, error: Exception) -> MoveReport:

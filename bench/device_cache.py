@@ -10,11 +10,16 @@ kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host)
 Run it here (full TVM); artifacts already in the cache are kept, missing ones compiled, and files of
 other keys deleted with -prune (an artifact's key changes whenever a source it depends on does, so age
 says nothing about staleness).
+
+llvm artifacts are keyed by the kernel ISA (jitllm.lowering.targets.llvm.host_isa), and the GPU machine's
+CPU is not this one: the llvm kinds are compiled for `-cpu-isa` (default avx2, which every x86-64-v3 host
+runs), and the commands there must export the same `JITLLM_CPU_ISA` or they compile their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +74,10 @@ def main() -> None:
     ap.add_argument("-host-presets", default="smollm2-135m:f16,llama-3.2-3b:f16",
                     help="preset:wtype pairs for bench/migrate.py (exact llvm kinds and CUDA kinds)")
     ap.add_argument("-prune", action="store_true", help="delete every other file in the cache folder")
+    ap.add_argument("-cpu-isa", default="avx2",
+                    help="kernel ISA of the llvm kinds (export JITLLM_CPU_ISA=<it> on the GPU machine too)")
     args = ap.parse_args()
+    os.environ["JITLLM_CPU_ISA"] = args.cpu_isa
 
     from jitllm.lowering.cache import get_artifact, stderr_log
 

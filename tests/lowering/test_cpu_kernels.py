@@ -11,7 +11,7 @@ Tolerances, relative to the largest |output|:
 from __future__ import annotations
 
 import os
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -54,23 +54,25 @@ def _run_linear(lib, symbol, wtype, n, k, parts, x):
     return y.numpy().reshape(m, n)
 
 
-def in_pool_of(workers: int, fn):
-    """fn() on a fresh thread whose TVM pool has `workers` workers (a pool is per thread and sized when it
-    starts; config_threadpool's mode -3 lets its threads share the process's CPUs, so 3 workers run even on
-    a 2-CPU machine)."""
-    out: dict = {}
+_POOL_THREADS: dict[int, ThreadPoolExecutor] = {}
+"""One long-lived thread per pool size: TVM keeps a thread's pool until the process ends (its thread-local
+store is not freed when the thread exits), so a fresh thread per call leaked a spinning pool each time
+(hundreds of threads over this module)."""
 
+
+def in_pool_of(workers: int, fn):
+    """fn() on a thread whose TVM pool has `workers` workers (a pool is per thread and sized when it starts;
+    config_threadpool's mode -3 lets its threads share the process's CPUs, so 3 workers run even on a 2-CPU
+    machine)."""
     def body():
         cpus = sorted(os.sched_getaffinity(0))
         tvm.get_global_func("runtime.config_threadpool")(-3, workers, [str(cpus[i % len(cpus)]) for i in range(workers)])
-        out["workers"] = tvm.get_global_func("runtime.NumThreads")()
-        out["result"] = fn()
+        assert tvm.get_global_func("runtime.NumThreads")() == workers
+        return fn()
 
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    assert out["workers"] == workers
-    return out["result"]
+    if workers not in _POOL_THREADS:
+        _POOL_THREADS[workers] = ThreadPoolExecutor(1, thread_name_prefix=f"tvm-pool-{workers}")
+    return _POOL_THREADS[workers].submit(body).result()
 
 
 def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bool, workers=(None,)):

@@ -216,3 +216,44 @@ def test_speed_measures_vulkan_beside_the_host(vulkan, tiny_model, cache_dir):
             if line.startswith("| tiny")]
     assert [(r[2], r[3], r[4]) for r in rows] == [("llvm", "host", "pp8"), ("llvm", "host", "tg2"),
                                                    ("vulkan", "vulkan", "pp8"), ("vulkan", "vulkan", "tg2")]
+
+
+@pytest.mark.parametrize("wtype,family", [("f32", "Linear"), ("f16", "RmsNormLinear"), ("q8_0", "SwiGLULinearAdd"),
+                                          ("q4_0", "LinearAdd"), ("q4_1", "RmsNormLinear"), ("q4_1", "SwiGLULinearAdd")])
+def test_decode_matvecs_against_numpy(vulkan, wtype, family):
+    """kernels/webgpu/linear.gemv_kernel called straight on the backend: 16-byte loads over a shape with two row
+    groups per workgroup (256 groups), several loads a thread and a ragged last step (k = 608), each fold."""
+    from jitllm.core.quant import dequantize, parts_from_float
+    from jitllm.lowering.kernel_package import build_package
+    from jitllm.lowering.kernels.webgpu.linear import gemv_kernel, groups_per_workgroup
+    from jitllm.lowering.targets.webgpu import WebGpuTarget
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+    from jitllm.runtime.backends.wgpu_plan import HostFunction, Kernels
+
+    n, k, eps = 2048, 608, 1e-5
+    assert groups_per_workgroup(n // 8) == 2
+    rng = np.random.default_rng(3)
+    parts = parts_from_float(wtype, rng.standard_normal((n, k)).astype(np.float32) * 0.1)
+    w = dequantize(wtype, parts)
+    x = rng.standard_normal((1, 2 * k if family == "SwiGLULinearAdd" else k)).astype(np.float32)
+    nw, res = rng.standard_normal(k).astype(np.float32), rng.standard_normal((1, n // 8, 8)).astype(np.float32)
+    if family == "SwiGLULinearAdd":
+        xin = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
+    elif family == "RmsNormLinear":
+        xin = x / np.sqrt((x * x).mean() + eps) * nw
+    else:
+        xin = x
+    want = (xin @ w.T).reshape(1, n // 8, 8) + (res if family.endswith("Add") else 0)
+    symbol, func = gemv_kernel(wtype, n, k, family, eps)
+    import tvm
+
+    package = build_package(tvm.IRModule({symbol: func}), WebGpuTarget().tvm_target())
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    run = HostFunction(symbol, package["functions"][symbol], Kernels(backend, package["kernels"]))
+    y = backend.empty((1, n // 8, 8), "float32")
+    names = [p.name for p in func.params]
+    feeds = {"x": x, "nw": nw, "res": res, "w": parts.get("w", parts.get("qs")), "d": parts.get("d"),
+             "mn": parts.get("m")}
+    run(*[backend.upload(feeds[name]) for name in names[:-1]], y)
+    got = backend.download(y)
+    assert np.abs(got - want).max() < 2e-5 * max(1.0, float(np.abs(want).max())), np.abs(got - want).max()

@@ -85,6 +85,7 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     assert stats["submits"] - recorded["submits"] == 3
     assert stats["dispatches"] - recorded["dispatches"] == 3 * step
     assert stats["reads"] - recorded["reads"] == 3  # (the logits, through the kept mappable buffer)
+    assert stats["writes"] - recorded["writes"] == 3 * 2  # (x, and cos, sin and past in one buffer)
     assert (stats["pipelines"], stats["bind_groups"], stats["buffers"]) == (
         recorded["pipelines"], recorded["bind_groups"], recorded["buffers"])
     *_, token = ex.greedy_tokens(session, token, 3)  # (pipelined: captures its two slots' steps)

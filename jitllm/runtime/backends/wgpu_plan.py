@@ -101,7 +101,7 @@ class Kernels:
 
     def __init__(self, backend, kernels: dict) -> None:
         self.backend, self.specs = backend, kernels
-        self.pipelines = {name: backend.pipeline(name, spec["wgsl"]) for name, spec in kernels.items()}
+        self.pipelines = backend.pipelines({name: spec["wgsl"] for name, spec in kernels.items()})
 
     def dispatch(self, name: str, buffers: list, pods: list, grid: list[int]) -> Dispatch:
         """One launch of kernel `name`: storage `buffers` (tensors) in its argument order, then a uniform

@@ -5,8 +5,9 @@ definition one output row per thread).
 
 A row group's R = 8 bytes at one (block, position) are two words: row r's byte is byte r % 4 of word
 r // 4, so each byte is a shift and a mask of a word (q8_0: a signed byte, shifted up to the word's top
-and arithmetically back down). The buffers keep their byte layout; only the element type the kernel
-reads them as differs from the graph's (the runtime binds buffers, not typed tensors).
+and arithmetically back down). The decode matvecs read the same bytes as 16-byte vectors instead
+(vector_parts). The buffers keep their byte layout; only the element type the kernel reads them as
+differs from the graph's (the runtime binds buffers, not typed tensors).
 """
 
 from __future__ import annotations

@@ -258,3 +258,26 @@ def test_decode_matvecs_against_numpy(vulkan, wtype, family):
     run(*[backend.upload(feeds[name]) for name in names[:-1]], y)
     got = backend.download(y)
     assert np.abs(got - want).max() < 2e-5 * max(1.0, float(np.abs(want).max())), np.abs(got - want).max()
+
+
+def test_a_packages_pipelines_are_created_at_once_and_once(vulkan, monkeypatch):
+    """WgpuBackend.pipelines creates the kernels not made yet in parallel (each creation here waits until the
+    other one has begun: one after another, the barrier breaks) and none a second time."""
+    import threading
+
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    wgsl = "@group(0) @binding(0) var<storage, read_write> y : array<f32>;\n" \
+           "@compute @workgroup_size(1) fn {name}() {{ y[0] = {value}; }}\n"
+    kernels = {f"k{i}": wgsl.format(name=f"k{i}", value=f"{i}.0") for i in range(2)}
+    both_begun, create = threading.Barrier(2, timeout=20), backend._create_pipeline
+
+    def meeting(name: str, source: str):
+        both_begun.wait()
+        return create(name, source)
+
+    monkeypatch.setattr(backend, "_create_pipeline", meeting)
+    made = backend.pipelines(kernels)
+    assert set(made) == set(kernels) and backend.stats["pipelines"] == 2
+    assert backend.pipelines(kernels) == made and backend.stats["pipelines"] == 2

@@ -5,6 +5,7 @@ host microseconds per token spent encoding, submitting, writing and outside the 
 
     python3 bench/vulkan_decode.py [MODEL.jlm] [-preset smollm2-135m -wtype q4_1] [-device vulkan:0]
                                    [-peer cpu|cuda:0] [-n 128] [-prompt 32] [-reps 3] [-cache DIR] [-profile]
+                                   [-pipeline-threads N]
 
 Without MODEL, a random-weight model of `-preset`/`-wtype` (default: tiny q4_1). tg is `jitllm speed`'s
 code path (Executor.greedy_tokens, median of -reps); the counts come from -n further greedy steps. On
@@ -81,7 +82,13 @@ def main() -> None:
     ap.add_argument("-cache", default=None)
     ap.add_argument("-ctx", type=int, default=1024)
     ap.add_argument("-profile", action="store_true", help="cProfile the counted steps (top 18 by own time)")
+    ap.add_argument("-pipeline-threads", type=int, default=None,
+                    help="pipelines created at once at load (default: the backend's PIPELINE_THREADS)")
     args = ap.parse_args()
+    if args.pipeline_threads:
+        from jitllm.runtime.backends import wgpu as wgpu_backend
+
+        wgpu_backend.PIPELINE_THREADS = args.pipeline_threads
     path = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / f"{args.preset}-{args.wtype}.jlm"
     if not args.model:
         write_random_model(path, args.preset, args.wtype, seed=1)
@@ -90,8 +97,11 @@ def main() -> None:
     vk = load(path, devices=args.device, no_gpu_fallback=True, **common)
     load_s = time.perf_counter() - start
     stats = vk.devices[args.device].backend.stats
+    from jitllm.runtime.backends.wgpu import PIPELINE_THREADS
+
     print(f"load on {args.device}: {load_s:.1f}s, of which {stats['pipelines']} pipelines created in "
-          f"{stats['pipeline_seconds']:.2f}s (cold: wgpu offers no pipeline cache)")
+          f"{stats['pipeline_seconds']:.2f}s, {PIPELINE_THREADS} at a time (wgpu offers no pipeline cache; "
+          f"the driver's own disk cache may hold them)")
     if args.reps:
         peer = load(path, devices=args.peer, **common, **({"cpu_kernels": "exact"} if args.peer == "cpu" else {}))
         host = peer if args.peer == "cpu" else load(path, devices="cpu", cpu_kernels="exact", **common)

@@ -1,7 +1,7 @@
 """The webgpu target's artifact, a kernel package (no Vulkan adapter needed): `jitllm compile -target webgpu`
 fills the cache with WGSL for every kernel and a launch plan whose every launch names a kernel of the
 package with as many storage bindings as the kernel declares, with no 8- or 64-bit integer in the WGSL
-(WebGPU has neither)."""
+(WebGPU has neither), and decode matvecs that load their weights as 16-byte vectors."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def test_compile_fills_the_cache_with_kernel_packages(tiny_model, tmp_path):
             assert f"fn {name}(" in kernel["wgsl"] and "@compute" in kernel["wgsl"]
             assert not NARROW_OR_WIDE.search(kernel["wgsl"]), name
             assert len(re.findall(r"var<storage", kernel["wgsl"])) == kernel["storage"]
+            if name.startswith("jl_wgsl_gemv_"):  # (decode matvecs read weights 16 bytes at a time)
+                assert re.search(r"\bw_ptr : array<vec4<[iuf]32>>", kernel["wgsl"]), name
         launched = set()
         for function in functions.values():
             for step in function["steps"]:

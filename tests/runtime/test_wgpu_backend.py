@@ -85,6 +85,7 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     assert stats["submits"] - recorded["submits"] == 3
     assert stats["dispatches"] - recorded["dispatches"] == 3 * step
     assert stats["reads"] - recorded["reads"] == 3  # (the logits, through the kept mappable buffer)
+    assert stats["writes"] - recorded["writes"] == 3 * 2  # (x, and cos, sin and past in one buffer)
     assert (stats["pipelines"], stats["bind_groups"], stats["buffers"]) == (
         recorded["pipelines"], recorded["bind_groups"], recorded["buffers"])
     *_, token = ex.greedy_tokens(session, token, 3)  # (pipelined: captures its two slots' steps)
@@ -216,3 +217,67 @@ def test_speed_measures_vulkan_beside_the_host(vulkan, tiny_model, cache_dir):
             if line.startswith("| tiny")]
     assert [(r[2], r[3], r[4]) for r in rows] == [("llvm", "host", "pp8"), ("llvm", "host", "tg2"),
                                                    ("vulkan", "vulkan", "pp8"), ("vulkan", "vulkan", "tg2")]
+
+
+@pytest.mark.parametrize("wtype,family", [("f32", "Linear"), ("f16", "RmsNormLinear"), ("q8_0", "SwiGLULinearAdd"),
+                                          ("q4_0", "LinearAdd"), ("q4_1", "RmsNormLinear"), ("q4_1", "SwiGLULinearAdd")])
+def test_decode_matvecs_against_numpy(vulkan, wtype, family):
+    """kernels/webgpu/linear.gemv_kernel called straight on the backend: 16-byte loads over a shape with two row
+    groups per workgroup (256 groups), several loads a thread and a ragged last step (k = 608), each fold."""
+    from jitllm.core.quant import dequantize, parts_from_float
+    from jitllm.lowering.kernel_package import build_package
+    from jitllm.lowering.kernels.webgpu.linear import gemv_kernel, groups_per_workgroup
+    from jitllm.lowering.targets.webgpu import WebGpuTarget
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+    from jitllm.runtime.backends.wgpu_plan import HostFunction, Kernels
+
+    n, k, eps = 2048, 608, 1e-5
+    assert groups_per_workgroup(n // 8) == 2
+    rng = np.random.default_rng(3)
+    parts = parts_from_float(wtype, rng.standard_normal((n, k)).astype(np.float32) * 0.1)
+    w = dequantize(wtype, parts)
+    x = rng.standard_normal((1, 2 * k if family == "SwiGLULinearAdd" else k)).astype(np.float32)
+    nw, res = rng.standard_normal(k).astype(np.float32), rng.standard_normal((1, n // 8, 8)).astype(np.float32)
+    if family == "SwiGLULinearAdd":
+        xin = x[:, :k] / (1 + np.exp(-x[:, :k])) * x[:, k:]
+    elif family == "RmsNormLinear":
+        xin = x / np.sqrt((x * x).mean() + eps) * nw
+    else:
+        xin = x
+    want = (xin @ w.T).reshape(1, n // 8, 8) + (res if family.endswith("Add") else 0)
+    symbol, func = gemv_kernel(wtype, n, k, family, eps)
+    import tvm
+
+    package = build_package(tvm.IRModule({symbol: func}), WebGpuTarget().tvm_target())
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    run = HostFunction(symbol, package["functions"][symbol], Kernels(backend, package["kernels"]))
+    y = backend.empty((1, n // 8, 8), "float32")
+    names = [p.name for p in func.params]
+    feeds = {"x": x, "nw": nw, "res": res, "w": parts.get("w", parts.get("qs")), "d": parts.get("d"),
+             "mn": parts.get("m")}
+    run(*[backend.upload(feeds[name]) for name in names[:-1]], y)
+    got = backend.download(y)
+    assert np.abs(got - want).max() < 2e-5 * max(1.0, float(np.abs(want).max())), np.abs(got - want).max()
+
+
+def test_a_packages_pipelines_are_created_at_once_and_once(vulkan, monkeypatch):
+    """WgpuBackend.pipelines creates the kernels not made yet in parallel (each creation here waits until the
+    other one has begun: one after another, the barrier breaks) and none a second time."""
+    import threading
+
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    wgsl = "@group(0) @binding(0) var<storage, read_write> y : array<f32>;\n" \
+           "@compute @workgroup_size(1) fn {name}() {{ y[0] = {value}; }}\n"
+    kernels = {f"k{i}": wgsl.format(name=f"k{i}", value=f"{i}.0") for i in range(2)}
+    both_begun, create = threading.Barrier(2, timeout=20), backend._create_pipeline
+
+    def meeting(name: str, source: str):
+        both_begun.wait()
+        return create(name, source)
+
+    monkeypatch.setattr(backend, "_create_pipeline", meeting)
+    made = backend.pipelines(kernels)
+    assert set(made) == set(kernels) and backend.stats["pipelines"] == 2
+    assert backend.pipelines(kernels) == made and backend.stats["pipelines"] == 2

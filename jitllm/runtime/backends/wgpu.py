@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -82,6 +83,8 @@ class WgpuTensor:
         return WgpuTensor(self.buffer, self.offset + offset, tuple(int(d) for d in shape), dtype, self.backend)
 
 
+PIPELINE_THREADS = 8
+"""Pipelines created at once when a package loads (WgpuBackend.pipelines)."""
 SUBMIT_EVERY = 64
 """Dispatches encoded between submits: a decode step of SmolLM2's 30 blocks (153 dispatches) is three
 submits, the first starting the device while the host still encodes (a submit costs ~60 us on the H200's
@@ -296,18 +299,24 @@ class WgpuBackend:
         return self.upload(np.asarray(binding["values"], binding["dtype"]).reshape(binding["shape"]))
 
     # -- kernels ---------------------------------------------------------------------------------
-    def pipeline(self, name: str, wgsl: str):
-        """The compute pipeline of kernel `name` from `wgsl`, created once per device."""
-        key = (name, wgsl)
-        found = self._pipelines.get(key)
-        if found is None:
+    def pipelines(self, kernels: dict[str, str]) -> dict[str, object]:
+        """The compute pipelines of kernels (name -> WGSL), created once per device: those not made yet in
+        parallel, PIPELINE_THREADS at a time (wgpu-native leaves createComputePipelineAsync unimplemented, and
+        wgpu-py then creates synchronously; its C calls release the GIL, so threads overlap the shader
+        translation and the driver's compile). `pipeline_seconds` counts the wall time."""
+        missing = [(name, wgsl) for name, wgsl in kernels.items() if (name, wgsl) not in self._pipelines]
+        if missing:
             start = time.perf_counter()
-            module = self.device.create_shader_module(code=wgsl)
-            found = self._pipelines[key] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": name})
-            self.stats["pipelines"] += 1
+            with ThreadPoolExecutor(min(len(missing), PIPELINE_THREADS)) as pool:
+                made = list(pool.map(lambda kernel: self._create_pipeline(*kernel), missing))
+            self._pipelines.update(zip(missing, made))
+            self.stats["pipelines"] += len(missing)
             self.stats["pipeline_seconds"] += time.perf_counter() - start
-        return found
+        return {name: self._pipelines[(name, wgsl)] for name, wgsl in kernels.items()}
+
+    def _create_pipeline(self, name: str, wgsl: str):
+        module = self.device.create_shader_module(code=wgsl)
+        return self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": name})
 
     def uniform(self, data: bytes):
         """A uniform buffer holding `data` (a dispatch's POD arguments), padded to 16 bytes."""

@@ -63,6 +63,12 @@ _BINARY = {
 }
 
 
+def itemsize(dtype: str) -> int:
+    """Bytes of one element of a kernel parameter's TVM dtype (vectors too: "uint32x4" is 16)."""
+    base, _, lanes = dtype.partition("x")
+    return np.dtype(base).itemsize * int(lanes or 1)
+
+
 def bind_shapes(declared: list, tensors: list, env: dict[str, int], what: str) -> None:
     """Name each symbolic dim of `declared` (a param's shape trees) from the tensors' shapes; check the rest."""
     for spec, tensor in zip(declared, tensors):
@@ -74,8 +80,8 @@ def bind_shapes(declared: list, tensors: list, env: dict[str, int], what: str) -
                 env[dim] = int(actual)
     for spec, tensor in zip(declared, tensors):
         want = [evaluate(d, env) for d in spec["shape"]]
-        same_bytes = int(np.prod(want, dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize == tensor.nbytes
-        if [int(a) for a in tensor.shape] != want and not same_bytes:  # (quant bytes are read as words)
+        same_bytes = int(np.prod(want, dtype=np.int64)) * itemsize(spec["dtype"]) == tensor.nbytes
+        if [int(a) for a in tensor.shape] != want and not same_bytes:  # (bytes read as words or 16-byte vectors)
             raise JitllmError(f"{what}: shape {tuple(tensor.shape)} where the kernel takes {tuple(want)}")
 
 
@@ -95,7 +101,7 @@ class Kernels:
 
     def __init__(self, backend, kernels: dict) -> None:
         self.backend, self.specs = backend, kernels
-        self.pipelines = {name: backend.pipeline(name, spec["wgsl"]) for name, spec in kernels.items()}
+        self.pipelines = backend.pipelines({name: spec["wgsl"] for name, spec in kernels.items()})
 
     def dispatch(self, name: str, buffers: list, pods: list, grid: list[int]) -> Dispatch:
         """One launch of kernel `name`: storage `buffers` (tensors) in its argument order, then a uniform

@@ -7,7 +7,7 @@ objects the step would use now (weights, page pool, page tables, device); a move
 page table outgrowing its capacity changes the signature and the segment is captured again. Inputs
 that change per token (hidden state, rope row, position) live in the session's per-device
 `StepInputs`: the host writes them into host arrays, and the step itself (eager or replayed) begins
-by copying them to the device and, where it ends with the head, ends by copying the logits back (or,
+by copying them to the device (the rope row and the position are views of one buffer: one copy) and, where it ends with the head, ends by copying the logits back (or,
 for a greedy step where the head's program picks the token on the device, the token alone). On
 CUDA those arrays are pinned and both copies are nodes of the captured graph, so a decode step is
 one graph launch and one wait: no other call into the driver per token.
@@ -26,6 +26,7 @@ import numpy as np
 from jitllm.ir.block_type import KV_PAGES
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
+from jitllm.runtime.engine.packed_weights import pack_layout
 
 
 class StepGraph(Protocol):
@@ -109,6 +110,8 @@ class StepInputs:
     staging: "HostStaging | None" = None
     token: Tensor | None = None
     """Where the step ends with the head: the greedy pick's [1] int32 on the device."""
+    rope: Tensor | None = None
+    """The bytes `cos`, `sin` and `past` are views of (decode steps: one copy a token writes them all)."""
 
     @classmethod
     def on(cls, device: Device, hidden: int, half: int, vocab: int | None,
@@ -116,11 +119,13 @@ class StepInputs:
         """Decode inputs on `device`; `vocab` where the step ends with the head there (its logits come back
         through a host array too, and the pick lands in `token`, a new [1] int32 unless given)."""
         transfers = device.graphs if device.graphs is not None else PlainTransfers(device)
-        tensors = (device.empty((1, 1, hidden), "float32"), device.empty((1, 1, half), "float32"),
-                   device.empty((1, 1, half), "float32"), device.empty((1,), "int32"))
+        layout, nbytes = rope_layout(half)
+        rope = device.empty((nbytes,), "uint8")
+        x = device.empty((1, 1, hidden), "float32")
         if vocab and token is None:
             token = device.empty((1,), "int32")
-        return cls(*tensors, staging=HostStaging(transfers, tensors, vocab), token=token if vocab else None)
+        return cls(x, *device.aliases(rope, layout), staging=HostStaging(transfers, x, layout, nbytes, vocab),
+                   token=token if vocab else None, rope=rope)
 
     def feed(self, x, cos: np.ndarray, sin: np.ndarray, past: int, device: Device,
              source: Device | None = None) -> None:
@@ -142,8 +147,7 @@ class StepInputs:
         host = self.staging
         if host.x_staged:
             host.transfers.copy_in(self.x, host.x)
-        for tensor, array in ((self.cos, host.cos), (self.sin, host.sin), (self.past, host.past)):
-            host.transfers.copy_in(tensor, array)
+        host.transfers.copy_in(self.rope, host.rope)
 
     def output(self, segment: Segment, out: Tensor, pick: bool) -> Tensor | np.ndarray | int:
         """What a decode step of `segment` hands on: its hidden state (`out`, on the device), or where it
@@ -162,13 +166,25 @@ class StepInputs:
         self.staging.transfers.copy_out(self.staging.token, token)
 
 
+def rope_layout(half: int) -> tuple[tuple, int]:
+    """Where a decode step's cos [1, 1, half], sin (float32) and past [1] (int32) lie in their one buffer
+    (each aligned, as kernels' bindings need), and its bytes."""
+    return pack_layout([[np.zeros((1, 1, half), np.float32)], [np.zeros((1, 1, half), np.float32)],
+                        [np.zeros((1,), np.int32)]])
+
+
 class HostStaging:
     """Host arrays of a device's decode inputs (and logits), from the device's transfers: pinned memory
-    on CUDA, so the copies can be nodes of a captured graph."""
+    on CUDA, so the copies can be nodes of a captured graph. cos, sin and past are views of one array
+    laid out as their device tensors are (`rope`)."""
 
-    def __init__(self, transfers: Transfers, tensors: tuple, vocab: int | None) -> None:
+    def __init__(self, transfers: Transfers, x: Tensor, layout: tuple, nbytes: int, vocab: int | None) -> None:
         self.transfers = transfers
-        self.x, self.cos, self.sin, self.past = (transfers.host_array(t.shape, t.dtype) for t in tensors)
+        self.x = transfers.host_array(x.shape, x.dtype)
+        self.rope = transfers.host_array((nbytes,), "uint8")
+        self.cos, self.sin, self.past = (
+            self.rope[at:at + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+            for shape, dtype, at in layout)
         self.logits = transfers.host_array((1, 1, vocab), "float32") if vocab else None
         self.token = transfers.host_array((1,), "int32") if vocab else None
         self.x_staged = True

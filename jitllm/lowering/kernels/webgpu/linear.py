@@ -5,8 +5,9 @@ definition one output row per thread).
 
 A row group's R = 8 bytes at one (block, position) are two words: row r's byte is byte r % 4 of word
 r // 4, so each byte is a shift and a mask of a word (q8_0: a signed byte, shifted up to the word's top
-and arithmetically back down). The buffers keep their byte layout; only the element type the kernel
-reads them as differs from the graph's (the runtime binds buffers, not typed tensors).
+and arithmetically back down). The decode matvecs read the same bytes as 16-byte vectors instead
+(vector_parts). The buffers keep their byte layout; only the element type the kernel reads them as
+differs from the graph's (the runtime binds buffers, not typed tensors).
 """
 
 from __future__ import annotations
@@ -83,10 +84,22 @@ def linear_kernel(wtype: str, n: int, k: int, rows: int | None = None) -> tuple[
 
 
 NT = 64
-"""Threads of a decode matvec's workgroup: one workgroup per row group of R rows, its threads striding
-over the work items (R partial sums each), then a tree in workgroup memory."""
+"""Threads per row group of a decode matvec: they stride over the group's work items (R partial sums
+each), then add them up a tree in workgroup memory."""
 LEVELS = 6
 """log2(NT): the tree's levels."""
+UNROLL = 4
+"""Work items each thread loads before it computes on them: four 16-byte loads in flight a thread (a
+SmolLM2-sized K = 576 is one round trip: Q4's 144 items a row group; a 3B's 3072 f16 columns twelve)."""
+WIDE_GROUPS = 256
+"""Row groups from which a workgroup takes two (two trees, one set of barriers; still >= 128 workgroups)."""
+ITEM_COLUMNS = {"f32": 1, "f16": 1, "q8_0": 2, "q4_0": 4, "q4_1": 4}
+"""Columns of one work item: what one 16-byte load of quant bytes holds (two 16-byte loads for f32)."""
+
+
+def groups_per_workgroup(g: int) -> int:
+    """Row groups a decode matvec's workgroup takes: two where there are enough to keep many workgroups."""
+    return 2 if g % 2 == 0 and g >= WIDE_GROUPS else 1
 
 
 @dataclass(frozen=True)
@@ -113,25 +126,43 @@ class Fold:
         return f"_{family.lower()}" + (f"_eps{np.float32(self.eps).view(np.uint32):08x}" if self.norm else "")
 
 
+def vector_parts(wtype: str, g: int, nb: int, k: int) -> list[tuple[tuple, str]]:
+    """(shape, dtype) of the weight parts as the decode matvec reads them: 16-byte vectors over the
+    same bytes (weight_parts' layout). f16 weights: a column's 8 rows, as four words of two halves;
+    f32: a column as two vec4<f32>; Q8_0: two positions of a 32-block (a word per 4 rows each); Q4: two
+    byte columns (4 columns); the scales and minimums: a (row group, block)'s 8 halves."""
+    if wtype == "f32":
+        return [((g, k, 2), "float32x4")]
+    if wtype == "f16":
+        return [((g, k, 1), "uint32x4")]
+    if wtype not in ("q8_0", "q4_0", "q4_1"):
+        raise ValueError(f"no WGSL linear kernel for {wtype} weights (only {', '.join(TYPES)})")
+    qs = ((g, nb, 16, 1), "int32x4") if wtype == "q8_0" else ((g, nb, 8, 1), "uint32x4")
+    return [qs, ((g, nb, 1), "uint32x4")] + ([((g, nb, 1), "uint32x4")] if wtype == "q4_1" else [])
+
+
 def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0.0) -> tuple[str, tvm.tirx.PrimFunc]:
-    """One activation row: y[0, n] = W x (with `family`'s fold), one workgroup per row group (R rows at
-    once: the layout's interleaved rows share each quant word), threads over its work items: a column
-    for float and Q8_0 weights, a (32-block, byte column) pair for Q4 ones (one byte holds columns j and
-    j + 16, so its two words, scale and minimum serve two columns). Parameters: x [1, K] ([1, 2K], gate
-    then up, for SwiGLU), the norm weight [K] (norm only), the weight parts, the residual [1, N/R, R]
-    (residual only), y [1, N/R, R]."""
+    """One activation row: y[0, n] = W x (with `family`'s fold). Each row group of R rows (the layout's
+    interleaved rows share every 16-byte load) has NT threads striding over its work items, UNROLL
+    16-byte loads at a time (vector_parts: a column for float weights, two for Q8_0, four for Q4), R
+    partial sums each and a tree in workgroup memory; a workgroup takes groups_per_workgroup row
+    groups. Parameters: x [1, K] ([1, 2K], gate then up, for SwiGLU), the norm weight [K] (norm only),
+    the weight parts, the residual [1, N/R, R] (residual only), y [1, N/R, R]."""
     from tvm.script import tirx as T
 
     fold = Fold.of(family, eps)
     symbol = f"jl_wgsl_gemv_{wtype}_{n}x{k}" + fold.suffix(family)
     g, nb = n // R, k // QUANT_BLOCK
-    q4 = wtype in ("q4_0", "q4_1")
-    items = k // 2 if q4 else k
-    steps = (items + NT - 1) // NT
+    cols = ITEM_COLUMNS[wtype]
+    items = k // cols
+    steps = (items + NT * UNROLL - 1) // (NT * UNROLL)
+    rg = groups_per_workgroup(g)
     xk = 2 * k if fold.swiglu else k
     S = R + 1  # (each thread's R sums and its sum of squares go up the tree together)
-    shapes = weight_parts(wtype, g, nb, k, lambda name, shape, dtype: (shape, dtype))
-    (w_shape, w_dtype), (d_shape, d_dtype), (m_shape, _) = (shapes + [((1,), "float16")] * 2)[:3]
+    shapes = vector_parts(wtype, g, nb, k)
+    (w_shape, w_dtype), (d_shape, d_dtype), (m_shape, m_dtype) = (shapes + [((1, 1, 1), "uint32x4")] * 2)[:3]
+    lane_words = 8 if wtype == "f32" else 4  # (scalars a work item's loads hold)
+    wl_dtype = "float32" if wtype == "f32" else ("int32" if wtype == "q8_0" else "uint32")
 
     @T.macro
     def read_input(xv, i, acc, x, nw, c):
@@ -145,70 +176,107 @@ def gemv_kernel(wtype: str, n: int, k: int, family: str = LINEAR, eps: float = 0
             acc[R] = acc[R] + xv[i] * xv[i]
             xv[i] = xv[i] * nw[c]
 
+    @T.macro
+    def load(wl, dl, ml, u, grp, e, w, d, mn):
+        """Work item e's 16-byte loads into slot u of the thread's registers."""
+        if wtype == "f32":
+            wl[T.ramp(u * 8, 1, 4)] = w[grp, e, 0]
+            wl[T.ramp(u * 8 + 4, 1, 4)] = w[grp, e, 1]
+        elif wtype == "f16":
+            wl[T.ramp(u * 4, 1, 4)] = w[grp, e, 0]
+        elif wtype == "q8_0":
+            wl[T.ramp(u * 4, 1, 4)] = w[grp, e // 16, e % 16, 0]
+            dl[T.ramp(u * 4, 1, 4)] = d[grp, e // 16, 0]
+        else:
+            wl[T.ramp(u * 4, 1, 4)] = w[grp, e // 8, e % 8, 0]
+            dl[T.ramp(u * 4, 1, 4)] = d[grp, e // 8, 0]
+            if wtype == "q4_1":
+                ml[T.ramp(u * 4, 1, 4)] = mn[grp, e // 8, 0]
+
+    def half(words, u, r):
+        """Row r's half (f16 weight, scale or minimum) of slot u's four words, as float32 (WGSL's
+        unpack2x16float: naga rejects bitcast<vec2<f16>>)."""
+        return T.Shuffle([T.call_pure_extern("float32x2", "unpack2x16float", words[u * 4 + r // 2])], [r % 2])
+
+    @T.macro
+    def compute(acc, xv, wl, dl, ml, u, e, x, nw):
+        """Slot u's R partial sums added into acc (work item e)."""
+        if wtype == "f32" or wtype == "f16":
+            read_input(xv, 0, acc, x, nw, e)
+            for r in T.unroll(R):
+                if wtype == "f32":
+                    acc[r] = acc[r] + wl[u * 8 + r] * xv[0]
+                else:
+                    acc[r] = acc[r] + half(wl, u, r) * xv[0]
+        elif wtype == "q8_0":
+            read_input(xv, 0, acc, x, nw, e * 2)
+            read_input(xv, 1, acc, x, nw, e * 2 + 1)
+            for r in T.unroll(R):
+                q0: T.let = T.shift_right(T.shift_left(wl[u * 4 + r // 4], 24 - r % 4 * 8), 24)
+                q1: T.let = T.shift_right(T.shift_left(wl[u * 4 + 2 + r // 4], 24 - r % 4 * 8), 24)
+                acc[r] = acc[r] + half(dl, u, r) * (T.Cast("float32", q0) * xv[0] + T.Cast("float32", q1) * xv[1])
+        else:
+            c: T.let = e // 8 * 32 + e % 8 * 2  # (the item's byte columns j, j + 1: columns c, c+1, c+16, c+17)
+            read_input(xv, 0, acc, x, nw, c)
+            read_input(xv, 1, acc, x, nw, c + 1)
+            read_input(xv, 2, acc, x, nw, c + 16)
+            read_input(xv, 3, acc, x, nw, c + 17)
+            xs: T.let = xv[0] + xv[1] + xv[2] + xv[3]
+            for r in T.unroll(R):
+                b0: T.let = T.shift_right(wl[u * 4 + r // 4], T.Cast("uint32", r % 4 * 8))
+                b1: T.let = T.shift_right(wl[u * 4 + 2 + r // 4], T.Cast("uint32", r % 4 * 8))
+                dot: T.let = (T.Cast("float32", T.bitwise_and(b0, T.uint32(15))) * xv[0]
+                              + T.Cast("float32", T.bitwise_and(b1, T.uint32(15))) * xv[1]
+                              + T.Cast("float32", T.bitwise_and(T.shift_right(b0, T.uint32(4)), T.uint32(15))) * xv[2]
+                              + T.Cast("float32", T.bitwise_and(T.shift_right(b1, T.uint32(4)), T.uint32(15))) * xv[3])
+                if wtype == "q4_1":
+                    acc[r] = acc[r] + half(dl, u, r) * dot + half(ml, u, r) * xs
+                else:
+                    acc[r] = acc[r] + half(dl, u, r) * (dot - T.float32(8) * xs)
+
     @T.prim_func
     def f(x: T.Buffer((1, xk), "float32"), nw: T.Buffer((k,), "float32"), w: T.Buffer(w_shape, w_dtype),
-          d: T.Buffer(d_shape, d_dtype), mn: T.Buffer(m_shape, "float16"), res: T.Buffer((1, g, R), "float32"),
+          d: T.Buffer(d_shape, d_dtype), mn: T.Buffer(m_shape, m_dtype), res: T.Buffer((1, g, R), "float32"),
           y: T.Buffer((1, g, R), "float32")):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        for grp in T.thread_binding(g, thread="blockIdx.x"):
-            for t in T.thread_binding(NT, thread="threadIdx.x"):
+        for wg in T.thread_binding(g // rg, thread="blockIdx.x"):
+            for tid in T.thread_binding(NT * rg, thread="threadIdx.x"):
                 acc = T.alloc_buffer((S,), "float32", scope="local")
                 other = T.alloc_buffer((S,), "float32", scope="local")
-                xv = T.alloc_buffer((2,), "float32", scope="local")
-                wl = T.alloc_buffer((2,), w_dtype, scope="local")
-                sums = T.alloc_buffer((NT * S,), "float32", scope="shared")
+                xv = T.alloc_buffer((4,), "float32", scope="local")
+                wl = T.alloc_buffer((UNROLL * lane_words,), wl_dtype, scope="local")
+                dl = T.alloc_buffer((UNROLL * 4,), "uint32", scope="local")
+                ml = T.alloc_buffer((UNROLL * 4,), "uint32", scope="local")
+                sums = T.alloc_buffer((rg * NT * S,), "float32", scope="shared")
+                grp: T.let = wg * rg + tid // NT
+                t: T.let = tid % NT
                 for r in T.unroll(S):
                     acc[r] = T.float32(0)
                 for i in T.serial(steps):
-                    e: T.let = i * NT + t
-                    if e < items:
-                        if q4:
-                            b: T.let = e // 16
-                            j: T.let = e % 16
-                            read_input(xv, 0, acc, x, nw, b * 32 + j)
-                            read_input(xv, 1, acc, x, nw, b * 32 + j + 16)
-                            wl[0] = w[grp, b, j, 0]
-                            wl[1] = w[grp, b, j, 1]
-                            for r in T.unroll(R):
-                                byte: T.let = T.shift_right(wl[r // 4], T.Cast("uint32", r % 4 * 8))
-                                lo: T.let = T.Cast("float32", T.bitwise_and(byte, T.uint32(15)))
-                                hi: T.let = T.Cast("float32", T.bitwise_and(T.shift_right(byte, T.uint32(4)),
-                                                                            T.uint32(15)))
-                                if wtype == "q4_1":
-                                    acc[r] = acc[r] + T.Cast("float32", d[grp, b, r]) * (lo * xv[0] + hi * xv[1]) \
-                                        + T.Cast("float32", mn[grp, b, r]) * (xv[0] + xv[1])
-                                else:
-                                    acc[r] = acc[r] + T.Cast("float32", d[grp, b, r]) * (
-                                        (lo - T.float32(8)) * xv[0] + (hi - T.float32(8)) * xv[1])
-                        elif wtype == "q8_0":
-                            read_input(xv, 0, acc, x, nw, e)
-                            wl[0] = w[grp, e // 32, e % 32, 0]
-                            wl[1] = w[grp, e // 32, e % 32, 1]
-                            for r in T.unroll(R):
-                                q: T.let = T.shift_right(T.shift_left(wl[r // 4], 24 - r % 4 * 8), 24)
-                                acc[r] = acc[r] + T.Cast("float32", d[grp, e // 32, r]) * T.Cast("float32", q) * xv[0]
-                        else:
-                            read_input(xv, 0, acc, x, nw, e)
-                            for r in T.unroll(R):
-                                acc[r] = acc[r] + T.Cast("float32", w[grp, e, r]) * xv[0]
+                    for u in T.unroll(UNROLL):
+                        if (i * UNROLL + u) * NT + t < items:
+                            load(wl, dl, ml, u, grp, (i * UNROLL + u) * NT + t, w, d, mn)
+                    for u in T.unroll(UNROLL):
+                        if (i * UNROLL + u) * NT + t < items:
+                            compute(acc, xv, wl, dl, ml, u, (i * UNROLL + u) * NT + t, x, nw)
                 for r in T.unroll(S):
-                    sums[t * S + r] = acc[r]
+                    sums[tid * S + r] = acc[r]
                 T.tvm_storage_sync("shared")
                 for level in T.unroll(LEVELS):  # read, wait, write (TVM cannot sync inside a condition)
-                    half: T.let = NT >> (level + 1)
-                    if t < half:
+                    h: T.let = NT >> (level + 1)
+                    if t < h:
                         for r in T.unroll(S):
-                            other[r] = sums[(t + half) * S + r]
+                            other[r] = sums[(tid + h) * S + r]
                     T.tvm_storage_sync("shared")
-                    if t < half:
+                    if t < h:
                         for r in T.unroll(S):
                             acc[r] = acc[r] + other[r]
-                            sums[t * S + r] = acc[r]
+                            sums[tid * S + r] = acc[r]
                     T.tvm_storage_sync("shared")
                 if t < R:
-                    other[0] = sums[t]
+                    other[0] = sums[(tid - t) * S + t]
                     if fold.norm:
-                        other[0] = other[0] / T.sqrt(sums[R] / T.float32(k) + T.float32(fold.eps))
+                        other[0] = other[0] / T.sqrt(sums[(tid - t) * S + R] / T.float32(k) + T.float32(fold.eps))
                     if fold.residual:
                         other[0] = other[0] + res[0, grp, t]
                     y[0, grp, t] = other[0]

@@ -356,3 +356,26 @@ def test_a_spilled_session_resumes_where_its_block_moved_to_another_kv_dtype(tin
     assert resume(ex, spilled, kept)
     assert ex.pools["sim:f32"].dtype == "float32"
     assert np.array_equal(ex.forward(spilled, [7]), ex.forward(alone, [7]))
+
+
+def test_moves_between_the_host_and_cuda_copy_the_weights_they_share():
+    """CUDA's kinds fold their prefill ops (`folded`) where the host's do not: the weight inputs are the
+    same, so a move copies the packed allocation instead of reading the file again (it did, from stop 16:
+    host <-> cuda:0 moves of a 3B block ran at pageable-copy speed). Fused and separate layouts do not
+    share a packing."""
+    from dataclasses import replace
+
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets.cuda import CudaTarget
+    from jitllm.lowering.targets.llvm import LlvmTarget
+    from jitllm.random_model import preset_layout
+    from jitllm.runtime.engine.migration import same_packing
+
+    layout = preset_layout("smollm2-135m", "f16")
+    host = kind_for_target(layout.block_kinds[0], LlvmTarget("exact"))
+    cuda = kind_for_target(layout.block_kinds[0], CudaTarget("sm_90", "fast"))
+    assert host != cuda and cuda.folded and not host.folded
+    assert same_packing(layout, 0, host, cuda) and same_packing(layout, 0, cuda, host)
+    assert same_packing(layout, 0, host, replace(host, kv_type="f32"))
+    separate = layout.block_kinds[0]  # (the file's kind: Q/K/V and gate/up apart)
+    assert separate.linears != host.linears and not same_packing(layout, 0, host, separate)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
+from jitllm.ir.config import BlockKind
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine import units
 from jitllm.runtime.engine.kv_pages import PageTable
@@ -85,7 +86,7 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
         weights = None
         if streamed:
             clock.mark("weights")
-        elif replace(kind, kv_type=unit.kind.kv_type) == unit.kind and not from_file and unit.stream is None:
+        elif not from_file and unit.stream is None and same_packing(executor.layout, index, unit.kind, kind):
             weights = unit.weights.to(dest, clock.mark)
         else:  # fused on one side, separate on the other, or streamed: from the file, laid out for the destination
             weights = executor.upload_weights(index, dest, kind)
@@ -175,6 +176,14 @@ def _joint_runs(old_ids: list[int], new_ids: list[int]) -> list[tuple[int, int, 
 DIRECT_RUNS = 32
 """Up to this many runs of pages (consecutive on both sides), each run is one copy between the pools;
 beyond it the pages are gathered into one staging tensor, moved once and scattered (kernels)."""
+
+
+def same_packing(layout, index: int | str, old: BlockKind, new: BlockKind) -> bool:
+    """Whether a unit's packed weights (one allocation of its file tensors in groups, units.upload_weights)
+    serve `new` as they served `old`: the packing follows only those groups, so kinds that differ in how they
+    compute (a target's folded prefill, the KV type) but not in their weight inputs share it, and a move
+    between them copies the allocation instead of reading the file again."""
+    return old == new or layout.weight_sources(index, old) == layout.weight_sources(index, new)
 
 
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:

@@ -122,7 +122,7 @@ def test_a_run_times_the_cpu_against_a_gpu_and_then_reads_the_cache(tiny_model, 
     monkeypatch.setenv("JITLLM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("JITLLM_SIM_DEVICES", "1")  # (a simulated GPU: host memory and kernels as the device)
     gpu = GpuDevice(0, "sim", 0, "simulated GPU", 16 * GIB, 8 * GIB, unified=True)
-    monkeypatch.setattr(inventory_module, "detect_inventory", lambda: Inventory([gpu], inventory_module.detect_cpu()))
+    monkeypatch.setattr(inventory_module, "detect_inventory", lambda **_: Inventory([gpu], inventory_module.detect_cpu()))
     lines: list[str] = []
     load(tiny_model, devices="auto", cache_dir=cache_dir, log=lines.append)
     (line,) = [x for x in lines if x.startswith("auto: ")]

@@ -61,3 +61,15 @@ def test_blocks_move_between_onnx_runtime_and_the_host_with_their_state(model_na
     worst = max(float(np.abs(a - b).max()) for a, b in zip(expected, got))
     assert worst < 2e-4 * max(float(np.abs(a).max()) for a in expected)
     assert [int(np.argmax(a)) for a in expected] == [int(np.argmax(b)) for b in got]
+
+
+def test_a_prompts_logits_from_onnx_runtime_are_the_last_positions_row(tiny_model, cache_dir):
+    """ONNX Runtime's outputs are host arrays already: a prompt's logits are still the last position's row
+    (a sampled first token read the whole [1, 1, vocab] block before, and failed)."""
+    ort = load(tiny_model, devices="ort", placement="*=ort,head=ort", ctx=128, cache_dir=cache_dir, kv_type="f32")
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f32")
+    prompt = list(range(4, 20))
+    got = ort.executor.forward(ort.executor.new_session(), prompt)
+    want = host.executor.forward(host.executor.new_session(), prompt)
+    assert got.shape == want.shape == (host.layout.config.vocab,)
+    assert np.allclose(got, want, atol=1e-3)

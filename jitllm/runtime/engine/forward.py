@@ -40,9 +40,9 @@ def forward(ex, session, ids: list[int], pick: bool) -> np.ndarray | int:
         source = segment.device
     session.length = past + n
     session.tokens += ids
-    if isinstance(x, (np.ndarray, int)):  # (what a decode step brought back through host arrays)
+    if n == 1 and isinstance(x, (np.ndarray, int)):  # (what a decode step brought back through host arrays)
         return x
-    out = source.download(x)
+    out = x if isinstance(x, np.ndarray) else source.download(x)  # (ONNX Runtime's outputs are host arrays)
     return int(out[0]) if pick else out[0, -1]
 
 

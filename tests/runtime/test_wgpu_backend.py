@@ -313,3 +313,15 @@ def test_a_profile_times_every_dispatch_of_a_decode_step_once(vulkan, tiny_model
     before = dict(backend.stats)
     assert int(np.argmax(ex.forward(session, [int(np.argmax(logits))]))) >= 0
     assert backend.stats["submits"] - before["submits"] == 1  # (unprofiled again: one submit a step)
+
+
+def test_a_profile_without_timestamps_is_one_line_naming_the_fallback():
+    from types import SimpleNamespace
+
+    from jitllm.core.errors import JitllmError
+    from jitllm.runtime.backends.wgpu_profile import SubmitTimer, timer
+
+    lacking = SimpleNamespace(device=SimpleNamespace(features=set()), device_name="vulkan:0")
+    with pytest.raises(JitllmError, match="lacks timestamp-query.*-profile submit"):
+        timer("timestamps", lacking)
+    assert isinstance(timer("submit", lacking), SubmitTimer)

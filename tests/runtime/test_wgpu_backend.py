@@ -281,3 +281,47 @@ def test_a_packages_pipelines_are_created_at_once_and_once(vulkan, monkeypatch):
     made = backend.pipelines(kernels)
     assert set(made) == set(kernels) and backend.stats["pipelines"] == 2
     assert backend.pipelines(kernels) == made and backend.stats["pipelines"] == 2
+
+
+@pytest.mark.parametrize("mode", ["timestamps", "submit"])
+def test_a_profile_times_every_dispatch_of_a_decode_step_once(vulkan, tiny_model, cache_dir, monkeypatch, mode):
+    """bench/vulkan_decode.py -profile: a profiled decode step lists the dispatches an unprofiled one encodes,
+    each once and in order, with non-negative times; the timer then leaves the backend as it was."""
+    from jitllm.runtime.backends.wgpu_profile import table, timer
+
+    model = load(tiny_model, devices=vulkan, ctx=128, cache_dir=cache_dir, no_gpu_fallback=True)
+    backend = model.devices[vulkan].backend
+    if mode == "timestamps" and "timestamp-query" not in backend.device.features:
+        pytest.skip("the adapter lacks timestamp-query")
+    ex = model.executor
+    session = ex.new_session()
+    token = int(np.argmax(ex.forward(session, PROMPT)))
+    token = int(np.argmax(ex.forward(session, [token])))  # (the first decode step records)
+    encoded, encode = [], backend._encode
+    monkeypatch.setattr(backend, "_encode", lambda ds: (encoded.extend((d.kernel, d.groups) for d in ds), encode(ds)))
+    token = int(np.argmax(ex.forward(session, [token])))
+    monkeypatch.undo()
+    assert len(encoded) == 5 * len(ex.blocks) + 1 and all(kernel for kernel, _ in encoded)
+    backend.timer = timer(mode, backend)
+    logits = ex.forward(session, [token])
+    entries = backend.timer.entries()
+    backend.timer = None
+    assert [(kernel, groups) for kernel, groups, _ in entries] == encoded
+    assert all(seconds >= 0 for *_, seconds in entries) and sum(s for *_, s in entries) > 0
+    rows = table(entries, 1)
+    assert sum(row[1] for row in rows) == len(encoded) and abs(sum(row[3] for row in rows) - 1) < 1e-9
+    before = dict(backend.stats)
+    assert int(np.argmax(ex.forward(session, [int(np.argmax(logits))]))) >= 0
+    assert backend.stats["submits"] - before["submits"] == 1  # (unprofiled again: one submit a step)
+
+
+def test_a_profile_without_timestamps_is_one_line_naming_the_fallback():
+    from types import SimpleNamespace
+
+    from jitllm.core.errors import JitllmError
+    from jitllm.runtime.backends.wgpu_profile import SubmitTimer, timer
+
+    lacking = SimpleNamespace(device=SimpleNamespace(features=set()), device_name="vulkan:0")
+    with pytest.raises(JitllmError, match="lacks timestamp-query.*-profile submit"):
+        timer("timestamps", lacking)
+    assert isinstance(timer("submit", lacking), SubmitTimer)

@@ -150,6 +150,8 @@ class WgpuBackend:
         self.capturing: Callable[..., None] | None = None
         """While a step is captured (wgpu_graph.WgpuRecorder): takes the dispatches and copies instead of
         encoding them."""
+        self.timer = None
+        """While a run is profiled (wgpu_profile.py): encodes every dispatch instead, timing each."""
         self.stats = {"dispatches": 0, "submits": 0, "pipelines": 0, "pipeline_seconds": 0.0, "bind_groups": 0,
                       "encode_seconds": 0.0, "buffers": 0, "writes": 0, "write_seconds": 0.0, "reads": 0,
                       "read_seconds": 0.0, "wait_seconds": 0.0, "submit_seconds": 0.0}
@@ -354,17 +356,20 @@ class WgpuBackend:
 
     def _encode(self, dispatches: list[Dispatch]) -> None:
         start = time.perf_counter()
-        if self._pass is None:
-            self._pass = self._encoding().begin_compute_pass()
-            self._raw = _RawPass.of(self._pass)
-        if self._raw is not None:
-            self._raw.encode(dispatches)
+        if self.timer is not None:
+            self.timer.encode(dispatches)
         else:
-            compute = self._pass
-            for d in dispatches:
-                compute.set_pipeline(d.pipeline)
-                compute.set_bind_group(0, d.bind_group)
-                compute.dispatch_workgroups(*d.groups)
+            if self._pass is None:
+                self._pass = self._encoding().begin_compute_pass()
+                self._raw = _RawPass.of(self._pass)
+            if self._raw is not None:
+                self._raw.encode(dispatches)
+            else:
+                compute = self._pass
+                for d in dispatches:
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, d.bind_group)
+                    compute.dispatch_workgroups(*d.groups)
         self.stats["dispatches"] += len(dispatches)
         self._unsubmitted += len(dispatches)
         self.stats["encode_seconds"] += time.perf_counter() - start
@@ -381,13 +386,13 @@ class WgpuBackend:
 
     def flush(self) -> None:
         """Submit what is encoded (nothing where nothing is)."""
+        self._unsubmitted = 0  # (also where a profile's timer submitted its dispatches itself)
         if self._encoder is None:
             return
         start = time.perf_counter()
         self._end_pass()
         encoder, self._encoder = self._encoder, None
         self.device.queue.submit([encoder.finish()])
-        self._unsubmitted = 0
         self.stats["submits"] += 1
         self.stats["submit_seconds"] += time.perf_counter() - start
 

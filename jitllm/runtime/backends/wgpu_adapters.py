@@ -11,6 +11,9 @@ from jitllm.runtime.inventory import WGPU_FEATURES, quiet_stderr, wgpu_adapters
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup")
 """Limits asked for at the adapter's own maximum (WebGPU's defaults are lower: 128 MiB bindings, 8 buffers)."""
+OPTIONAL_FEATURES = ("timestamp-query",)
+"""Features asked for where the adapter has them: timestamp queries let a profile (wgpu_profile.py) time
+each dispatch on the device; enabling them changes nothing the decode path encodes."""
 
 
 @lru_cache(maxsize=None)
@@ -25,5 +28,6 @@ def open_adapter(api: str, ordinal: int, device_name: str):
         raise JitllmError(f"{device_name}: the adapter lacks {', '.join(missing)}, which the webgpu kernels need")
     limits = {name: adapter.limits[name] for name in LIMITS if name in adapter.limits}
     with quiet_stderr():
-        device = adapter.request_device_sync(required_features=list(WGPU_FEATURES), required_limits=limits)
+        features = [*WGPU_FEATURES, *(f for f in OPTIONAL_FEATURES if f in adapter.features)]
+        device = adapter.request_device_sync(required_features=features, required_limits=limits)
     return adapter, device

@@ -94,6 +94,8 @@ class Dispatch:
     groups: tuple[int, int, int]
     buffers: frozenset = frozenset()
     """The uids of the buffers it binds (what a captured step may write before it: wgpu_graph)."""
+    kernel: str = ""
+    """The package's name of its kernel (what a profile, wgpu_profile.py, reports it under)."""
 
 
 class Kernels:
@@ -118,7 +120,7 @@ class Kernels:
         uniform = self.backend.uniform(values + struct.pack("<I", pack))
         pipeline = self.pipelines[name]
         group = self.backend.bind_group(pipeline, buffers, uniform)
-        return Dispatch(pipeline, group, (x, y, z), frozenset(t.buffer.uid for t in buffers))
+        return Dispatch(pipeline, group, (x, y, z), frozenset(t.buffer.uid for t in buffers), name)
 
 
 class HostFunction:

@@ -2,8 +2,8 @@
 
     TVM_NUM_THREADS=1 python bench/cpu_isa_kernels.py [-wtype q4_1] [-shape 2048x2048] [-tokens 1,64]
 
-Random weights in the stored layout, random activations; per ISA and token count the best of 3 timings of a
-loop of calls, then whether the outputs equal the first ISA's bit for bit (the int8 dot products of every
+Random weights in the stored layout, random activations; per ISA and token count the best of -rounds timings
+of a loop of calls (the ISAs alternating), then whether the outputs equal the first ISA's bit for bit (the int8 dot products of every
 x86 ISA sum the same integers).
 """
 
@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("-wtype", default="q4_1", choices=["q4_0", "q4_1", "q8_0"])
     ap.add_argument("-shape", default="2048x2048", help="NxK of the weight")
     ap.add_argument("-tokens", default="1,64", help="token counts M")
+    ap.add_argument("-rounds", type=int, default=7, help="timings per ISA, alternating (the best is kept)")
     args = ap.parse_args()
     import tvm
 
@@ -51,18 +52,17 @@ def main() -> None:
     for m in (int(v) for v in args.tokens.split(",")):
         x = tvm.runtime.tensor(rng.standard_normal((m, k // 32, 32)).astype(np.float32))
         weights = [tvm.runtime.tensor(p) for p in parts]
-        times, outs = {}, {}
-        for isa, fn in fns.items():
-            y = tvm.runtime.tensor(np.zeros((m, n // 8, 8), np.float32))
-            fn(x, *weights, y)
-            reps = max(3, int(2e9 / (n * k * m)))
-            best = float("inf")
-            for _ in range(3):
+        ys = {isa: tvm.runtime.tensor(np.zeros((m, n // 8, 8), np.float32)) for isa in fns}
+        times = {isa: float("inf") for isa in fns}
+        reps = max(3, int(1e9 / (n * k * m)))
+        for _ in range(args.rounds):  # the ISAs alternate, so a busy spell of the machine hits them alike
+            for isa, fn in fns.items():
+                fn(x, *weights, ys[isa])
                 start = time.perf_counter()
                 for _ in range(reps):
-                    fn(x, *weights, y)
-                best = min(best, (time.perf_counter() - start) / reps)
-            times[isa], outs[isa] = best, y.numpy()
+                    fn(x, *weights, ys[isa])
+                times[isa] = min(times[isa], (time.perf_counter() - start) / reps)
+        outs = {isa: y.numpy() for isa, y in ys.items()}
         first = isas[0]
         for isa in isas:
             same = "bit-identical" if np.array_equal(outs[isa], outs[first]) else "DIFFERENT"

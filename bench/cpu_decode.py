@@ -22,6 +22,9 @@ each spins for at most -hog-seconds and is killed when its level ends), then a t
 load level, its loaded/unloaded ratio and jitllm against llama.cpp. The jitllm side inherits the environment
 (TVM_THREAD_POOL_SPIN_COUNT, TVM_BIND_THREADS); -jitllm-threads gives it its own worker count (a list: one
 jitllm side per count, in the same run).
+
+-isas avx2,avx512vnni: one jitllm side per kernel instruction set (JITLLM_CPU_ISA in its environment; each
+compiled before the measurements), alternating with the others in the same run.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ def read_bandwidth(args) -> tuple[float, float | None]:
         return best, None
 
 
-def side(args, name: str, kernels: str | None = None, threads: int | None = None) -> dict:
+def side(args, name: str, kernels: str | None = None, threads: int | None = None, isa: str | None = None) -> dict:
     threads = threads or args.threads
     cmd = [sys.executable, __file__, "-side", name, "-gguf", str(args.gguf), "-jlm", str(args.jlm),
            "-threads", str(threads), "-pp", str(args.pp), "-tg", str(args.tg), "-cache", str(args.cache),
@@ -198,6 +201,8 @@ def side(args, name: str, kernels: str | None = None, threads: int | None = None
         cmd += ["-with-torch"]
     env = dict(os.environ)
     env.pop("TVM_NUM_THREADS", None)
+    if isa:
+        env["JITLLM_CPU_ISA"] = isa
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -208,31 +213,38 @@ def side(args, name: str, kernels: str | None = None, threads: int | None = None
 def measure(args, kernels: list[str], have_llama: bool) -> dict[str, list[dict]]:
     """-reps repetitions of each side, alternating."""
     workers = [int(t) for t in args.jitllm_threads.split(",")] if args.jitllm_threads else [args.threads]
-    named = {(f"jitllm {k}" + (f" {w}w" if len(workers) > 1 else "")): (k, w) for k in kernels for w in workers}
+    isas = _isas(args)
+    named = {(f"jitllm {k}" + (f" {w}w" if len(workers) > 1 else "") + (f" {i}" if i else "")): (k, w, i)
+             for k in kernels for w in workers for i in isas}
     results: dict[str, list[dict]] = {name: [] for name in named}
     if have_llama:
         results["llama.cpp"] = []
     for rep in range(args.reps):
-        for name, (k, w) in named.items():
-            results[name].append(side(args, "jitllm", k, w))
+        for name, (k, w, i) in named.items():
+            results[name].append(side(args, "jitllm", k, w, i))
         if have_llama:
             results["llama.cpp"].append(side(args, "llama"))
         print(f"  repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     return results
 
 
+def _isas(args) -> list[str | None]:
+    """The -isas list (None: the jitllm side's own choice, JITLLM_CPU_ISA or the host's highest)."""
+    return [i.strip() for i in args.isas.split(",") if i.strip()] if args.isas else [None]
+
+
 def print_load_table(args, by_level: dict[int, dict[str, list[dict]]]) -> None:
     """Medians per load level, each side's loaded/unloaded ratio and jitllm against llama.cpp."""
     base = min(by_level)
     names = list(by_level[base])
-    print(f"{'competing':>9s} {'side':14s} {'pp' + str(args.pp) + ' tok/s':>22s} {'tg' + str(args.tg) + ' tok/s':>22s}"
+    print(f"{'competing':>9s} {'side':24s} {'pp' + str(args.pp) + ' tok/s':>22s} {'tg' + str(args.tg) + ' tok/s':>22s}"
           f" {'tg vs ' + str(base) + ' hogs':>12s} {'others busy':>11s}")
     for level, results in by_level.items():
         for name in names:
             runs = results[name]
             tg = statistics.median(r["tg"] for r in runs)
             tg0 = statistics.median(r["tg"] for r in by_level[base][name])
-            print(f"{level:9d} {name:14s} {summary([r['pp'] for r in runs]):>22s} {summary([r['tg'] for r in runs]):>22s}"
+            print(f"{level:9d} {name:24s} {summary([r['pp'] for r in runs]):>22s} {summary([r['tg'] for r in runs]):>22s}"
                   f" {tg / tg0:11.2f}x {max(r['others'] for r in runs):9.2f}cpu")
     if "llama.cpp" in names:
         for name in (n for n in names if n != "llama.cpp"):
@@ -265,6 +277,8 @@ def main() -> None:
                     help="the most a competing process runs (each is also killed when its level ends)")
     ap.add_argument("-jitllm-threads", dest="jitllm_threads", default=None, metavar="N[,M...]",
                     help="jitllm's worker count (default: -threads); several: one jitllm side per count")
+    ap.add_argument("-isas", default=None, metavar="ISA[,ISA...]",
+                    help="one jitllm side per CPU kernel instruction set (JITLLM_CPU_ISA), e.g. avx2,avx512vnni")
     ap.add_argument("-side", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -308,7 +322,12 @@ def main() -> None:
         print("llama-cpp-python is not installed: measuring jitllm only (pip install llama-cpp-python)")
 
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    side(args, "jitllm", kernels[0])  # compiles what the cache lacks, outside the measurement
+    from jitllm.lowering.targets.llvm import host_isas
+
+    for isa in _isas(args):
+        if isa is not None and isa not in host_isas():
+            sys.exit(f"cpu_decode: -isas {isa}: this host runs {', '.join(host_isas())}")
+        side(args, "jitllm", kernels[0], isa=isa)  # compiles what the cache lacks, outside the measurement
     if args.hog is not None:
         levels = [int(n) for n in args.hog.split(",")]
         by_level = {}
@@ -326,14 +345,14 @@ def main() -> None:
     print(f"read bandwidth: numpy sum 1 GiB {bw_numpy / 1e9:.1f} GB/s (1 thread)"
           + (f", TVM parallel sum 1 GiB {bw_tvm / 1e9:.1f} GB/s ({args.threads} threads)" if bw_tvm else ""))
     print(f"bytes read per decode step {per_token / 2**20:.1f} MiB -> roofline {roofline:.0f} tok/s")
-    print(f"{'':14s} {'pp' + str(args.pp) + ' tok/s median [min..max]':>32s} {'tg' + str(args.tg) + ' tok/s':>26s}"
+    print(f"{'':24s} {'pp' + str(args.pp) + ' tok/s median [min..max]':>32s} {'tg' + str(args.tg) + ' tok/s':>26s}"
           f" {'tg roofline':>11s} {'peak RSS':>9s} {'others busy':>11s}")
     for name, runs in results.items():
         pp = [r["pp"] for r in runs]
         tg = [r["tg"] for r in runs]
         rss = max(r["rss"] for r in runs)
         others = max(r["others"] for r in runs)
-        print(f"{name:14s} {summary(pp):>32s} {summary(tg):>26s} {100 * statistics.median(tg) / roofline:10.0f}%"
+        print(f"{name:24s} {summary(pp):>32s} {summary(tg):>26s} {100 * statistics.median(tg) / roofline:10.0f}%"
               f" {rss / 2**20:7.0f}MiB {others:9.2f}cpu")
     print(f"GGUF size {gguf_bytes / 2**20:.0f} MiB")
     if have_llama:

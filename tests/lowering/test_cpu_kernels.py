@@ -11,21 +11,27 @@ Tolerances, relative to the largest |output|:
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import tvm
+from tvm.script import tirx as T
 
 from jitllm.core.layouts import FLOAT_TYPES, K_QUANTS, WEIGHT_TYPES, weight_parts
 from jitllm.core.quant import dequantize, parts_from_float
 from jitllm.ir.config import BlockKind, ModelConfig
-from jitllm.lowering.targets.llvm import LlvmTarget, host_isa, host_isas
+from jitllm.lowering.kernels.cpu import linear
+from jitllm.lowering.targets import llvm
+from jitllm.lowering.targets.llvm import LlvmTarget, host_isa, host_isas, isa_target_dict
 
-AVX2 = host_isa() != "generic"
+AVX2 = host_isa() in ("avx2", "avx512vnni")
 FAST_ISAS = [isa for isa in host_isas() if isa != "generic"]
 """Every instruction set this host runs fast kernels for (each one checked: the highest is the default)."""
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="host has no AVX2/FMA/F16C")
+needs_aarch64_llvm = pytest.mark.skipif("aarch64" not in tvm.target.codegen.llvm_get_targets(),
+                                        reason="TVM's LLVM has no AArch64 backend")
 SHAPES = [(64, 96), (1544, 576)]  # 193 row groups: a ragged split over 2 or 3 workers
 K_SHAPES = [(64, 256), (1544, 512)]  # the K-quants take inputs in multiples of 256
 TOKENS = (1, 3, 4, 9, 70)  # 70: two chunks of the prefill path (64 tokens each) and a ragged tail
@@ -91,7 +97,7 @@ def _check_linears(target_obj: LlvmTarget, tvm_target, wtypes, fast_expected: bo
     lib = _build(funcs, tvm_target)
     for symbol, wtype, n, k, parts, w in cases:
         quantized_path = fast_expected and wtype.startswith("q")
-        assert symbol.endswith(("_avx2", "_vnni")) == quantized_path, symbol
+        assert symbol.endswith(("_avx2", "_vnni", "_sdot")) == quantized_path, symbol
         for m in TOKENS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             def run(symbol=symbol, wtype=wtype, n=n, k=k, parts=parts, x=x):
@@ -116,7 +122,6 @@ def test_exact_kernels_match_numpy():
     _check_linears(t, t.tvm_target(), WEIGHT_TYPES, fast_expected=False)
 
 
-@needs_avx2
 @pytest.mark.parametrize("isa", FAST_ISAS)
 def test_fast_kernels_match_numpy_int8_emulation(isa):
     t = LlvmTarget("fast", isa=isa)
@@ -163,6 +168,82 @@ def test_an_isa_is_chosen_from_the_host_or_named_lower(monkeypatch):
 def test_fast_kernels_of_the_5_6_bit_and_k_quant_formats(wtype):
     t = LlvmTarget("fast")
     _check_linears(t, t.tvm_target(), (wtype,), fast_expected=True, workers=(1, 2, 3))
+
+
+GRAVITON2_CPUINFO = """processor	: 0
+BogoMIPS	: 243.75
+Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+CPU implementer	: 0x41
+CPU part	: 0xd0c
+"""
+A72_FEATURES = "fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid"  # Graviton 1 / Raspberry Pi 4: no dot product
+
+
+def test_an_aarch64_host_gets_neon_dotprod_from_asimddp(monkeypatch):
+    monkeypatch.setattr(llvm.platform, "machine", lambda: "aarch64")
+    monkeypatch.delenv("JITLLM_CPU_ISA", raising=False)
+    monkeypatch.setattr(llvm, "host_cpu_flags", lambda: llvm.cpuinfo_flags(GRAVITON2_CPUINFO))
+    assert host_isas() == ("generic", "neon-dotprod") and host_isa() == "neon-dotprod"
+    assert isa_target_dict("neon-dotprod") == {"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                               "mattr": ["+neon", "+dotprod"]}
+    dotprod = LlvmTarget("fast")
+    assert dotprod.isa == "neon-dotprod" and dotprod.linear_kernel("q4_0", 64, 256)[0].endswith("_sdot")
+    monkeypatch.setenv("JITLLM_CPU_ISA", "avx2")
+    with pytest.raises(Exception, match="JITLLM_CPU_ISA=avx2: this host runs generic, neon-dotprod"):
+        host_isa()
+    monkeypatch.setenv("JITLLM_CPU_ISA", "generic")
+    assert LlvmTarget("fast").cache_key() != dotprod.cache_key()
+    monkeypatch.delenv("JITLLM_CPU_ISA")
+    monkeypatch.setattr(llvm, "host_cpu_flags", lambda: llvm.cpuinfo_flags(f"Features\t: {A72_FEATURES}\n"))
+    assert host_isas() == ("generic",)
+    assert isa_target_dict("generic") == {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic"}
+    assert not LlvmTarget("fast").linear_kernel("q4_0", 64, 256)[0].endswith("_sdot")
+
+
+def _functions(asm: str) -> dict[str, str]:
+    """Assembly text per function (`.type NAME,@function` ... up to the next one)."""
+    parts = re.split(r"^\s*\.type\s+([^,\s]+),@function$", asm, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+@needs_aarch64_llvm
+def test_neon_dotprod_kernels_compile_to_sdot():
+    """Built here for aarch64 (they never run on this host): each Q4_0/Q4_1/Q8_0 fast kernel's own code
+    holds sdot (a one-token call of a small matrix runs in the function itself, not a parallel lambda)."""
+    funcs = dict(linear.linear_kernel(w, 16, 64, "fast", "neon-dotprod") for w in ("q4_0", "q4_1", "q8_0"))
+    assert all(s.endswith("_sdot") for s in funcs), list(funcs)
+    asm = _build(funcs, tvm.target.Target(isa_target_dict("neon-dotprod"))).mod.inspect_source("asm")
+    code = _functions(asm)
+    for symbol in funcs:
+        assert re.search(r"^\s+sdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b$", code[f"{symbol}_compute_"], re.M), symbol
+        assert re.search(r"^\s+tbl\s", code[f"{symbol}_compute_"], re.M), symbol  # the VNNI byte order
+
+
+def _sdot_portable(acc, a, b):
+    """sdot8's integers (lane i += sum over k of a[4i + k] * b[4i + k]) in portable TIR."""
+    p = T.Cast("int32x32", a) * T.Cast("int32x32", b)
+    for k in range(4):
+        acc = acc + T.Shuffle([p], [4 * i + k for i in range(8)])
+    return acc
+
+
+class _KernelsOf:
+    """The linear kernels of one ISA, whichever host builds them."""
+
+    def __init__(self, isa: str):
+        self.isa = isa
+
+    def linear_kernel(self, wtype, n, k):
+        return linear.linear_kernel(wtype, n, k, "fast", self.isa)
+
+
+def test_neon_dotprod_kernels_match_numpy_with_a_portable_sdot(monkeypatch):
+    """The neon-dotprod kernels' TIR with sdot replaced by the same integers in portable TIR, built for this
+    host's generic target and run: byte order, activation quantization, scales and loop nest checked
+    (only the intrinsic itself, never run here, is not)."""
+    monkeypatch.setitem(linear.DOT4, "sdot", _sdot_portable)
+    _check_linears(_KernelsOf("neon-dotprod"), tvm.target.Target(isa_target_dict("generic")),
+                   ("q8_0", "q4_0", "q4_1"), fast_expected=True, workers=(1, 2))
 
 
 def test_fast_without_avx2_uses_portable_kernels_on_a_generic_target():

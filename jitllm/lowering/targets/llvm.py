@@ -1,8 +1,9 @@
 """The CPU target: TVM's llvm backend with a CPU model chosen from the host's features at run time.
 
 `mcpu=native` silently falls back to SSE2 on some hosts (DESIGN.md §3), so we name a level explicitly, from
-the kernel instruction set the host's flags allow (ISA_FLAGS): x86-64-v4 with VNNI and VBMI, x86-64-v3
-where AVX2/FMA/F16C exist, plain x86-64 otherwise, and a generic target on other machines.
+the kernel instruction set the host's flags allow (ISAS): x86-64-v4 with VNNI and VBMI, x86-64-v3
+where AVX2/FMA/F16C exist, plain x86-64 otherwise; on aarch64 NEON with the dot-product instructions where
+/proc/cpuinfo says `asimddp`, generic aarch64 otherwise; a generic target on other machines.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 from functools import lru_cache
+from typing import NamedTuple
 
 import tvm
 
@@ -20,39 +22,59 @@ KERNELS = ("exact", "fast")
 """CPU kernel families (kernels/cpu/linear.py): f32 activations, or int8 activations where the ISA allows."""
 
 
+def cpuinfo_flags(text: str) -> frozenset[str]:
+    """The first CPU's feature flags in /proc/cpuinfo's text: x86's `flags`, aarch64's `Features` line."""
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
 @lru_cache(maxsize=1)
 def host_cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+            return cpuinfo_flags(f.read())
     except OSError:
-        pass
-    return frozenset()
+        return frozenset()
 
 
-ISA_FLAGS = {
-    "generic": frozenset(),
-    "avx2": frozenset({"avx2", "fma", "f16c"}),
-    "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"}),
+class Isa(NamedTuple):
+    """A kernel instruction set: the host flags it needs (/proc/cpuinfo) and its llvm CPU model."""
+
+    flags: frozenset[str]
+    llvm: dict
+
+
+ISAS = {
+    "x86_64": {
+        "generic": Isa(frozenset(), {"mcpu": "x86-64"}),
+        "avx2": Isa(frozenset({"avx2", "fma", "f16c"}), {"mcpu": "x86-64-v3"}),
+        "avx512vnni": Isa(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                                     "avx512vbmi"}), {"mcpu": "x86-64-v4", "mattr": ["+avx512vnni", "+avx512vbmi"]}),
+    },
+    "aarch64": {
+        "generic": Isa(frozenset(), {"mcpu": "generic"}),
+        "neon-dotprod": Isa(frozenset({"asimd", "asimddp"}), {"mattr": ["+neon", "+dotprod"]}),
+    },
 }
-"""The x86 kernel instruction sets, each a superset of the one before, and the host flags each needs:
-avx512vnni's q4 dot products are vpdpbusd over a vpermb-permuted chunk (kernels/cpu/avx2.py)."""
-
-_X86_TARGETS = {"generic": {"mcpu": "x86-64"}, "avx2": {"mcpu": "x86-64-v3"},
-                "avx512vnni": {"mcpu": "x86-64-v4", "mattr": ["+avx512vnni", "+avx512vbmi"]}}
+"""The kernel instruction sets of each architecture (its llvm triple's first part), each a superset of the
+one before: avx512vnni's q4 dot products are vpdpbusd over a vpermb-permuted chunk (kernels/cpu/avx2.py),
+neon-dotprod's (Armv8.2-A dot product, `asimddp` in the host's Features) sdot (kernels/cpu/neon.py)."""
 
 
-def _x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
+def host_arch() -> str | None:
+    """The host's architecture as ISAS names it (None: one without kernel ISAs here)."""
+    machine = platform.machine().lower()
+    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(machine)
 
 
 def host_isas() -> tuple[str, ...]:
     """The instruction sets this host runs, lowest first."""
-    if not _x86():
+    arch = host_arch()
+    if arch is None:
         return ("generic",)
-    return tuple(isa for isa, needs in ISA_FLAGS.items() if needs <= host_cpu_flags())
+    return tuple(isa for isa, spec in ISAS[arch].items() if spec.flags <= host_cpu_flags())
 
 
 def host_isa() -> str:
@@ -66,13 +88,23 @@ def host_isa() -> str:
     return chosen
 
 
+def isa_arch(isa: str) -> str | None:
+    """The architecture whose kernels `isa` names: generic is the host's own."""
+    if isa == "generic":
+        return host_arch()
+    for arch, isas in ISAS.items():
+        if isa in isas:
+            return arch
+    raise JitllmError(f"unknown CPU kernel ISA {isa!r} (known: {', '.join(sorted({i for a in ISAS.values() for i in a}))})")
+
+
 def isa_target_dict(isa: str) -> dict:
-    """TVM's llvm target for kernels of `isa` on this host's architecture."""
-    if _x86():
-        return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", **_X86_TARGETS[isa]}
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        return {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic"}
-    return {"kind": "llvm"}
+    """TVM's llvm target for kernels of `isa`: the host's architecture for generic, else the ISA's own (so
+    the neon-dotprod kernels compile on an x86 host too: tests/lowering/test_cpu_kernels.py)."""
+    arch = isa_arch(isa)
+    if arch is None:
+        return {"kind": "llvm"}
+    return {"kind": "llvm", "mtriple": f"{arch}-linux-gnu", **ISAS[arch][isa].llvm}
 
 
 def host_target_dict() -> dict:
@@ -177,8 +209,9 @@ class LlvmTarget(KernelSet):
     """Host CPU kernels: kernels/cpu (imported only to compile, since a runtime-only TVM has no TVMScript).
 
     `kernels`: "exact" (f32 activations; the default, and what the transformers comparisons use) or
-    "fast" (int8-quantized activations with AVX2 integer dot products for the GGML formats; on hosts
-    without AVX2 the quantized formats fall back to the exact kernels). `isa` defaults to the host's.
+    "fast" (int8-quantized activations with integer dot products for the GGML formats: AVX2, AVX-512 VNNI
+    or NEON sdot, kernels/cpu/linear.py's INT8_DOTS; with the generic ISA the quantized formats fall back
+    to the exact kernels). `isa` defaults to the host's (host_isa).
     The worker count is no part of an artifact: the kernels read the pool's size when they run
     (kernels/cpu/avx2.py), and the runtime sizes the pool (runtime/workers.py).
 

@@ -133,7 +133,7 @@ def worker_count():
 def avx2_driver(G: int, NB: int, weight_bytes: int, row_block, warm=None, warm_groups: int = 0,
                 half_sums: bool = False, pattern: list[list[int]] = X_PATTERN):
     """The loop nest shared by the AVX2 kernels around `row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt)`
-    (cnt tokens: y rows m0.., activation rows t0..).
+    (cnt tokens: y rows m0.., activation rows t0..). It is portable TIR (the NEON kernels use it too).
 
     One token: each of the pool's workers (counted when the kernel runs, worker_count) is one task that
     quantizes x itself (no serial section, no barrier) and takes an equal contiguous share of the row groups;

@@ -18,7 +18,9 @@ Two families, chosen by the target's `kernels` setting:
   ever emitted for a target that lacks it. With AVX-512 VNNI and VBMI (`isa="avx512vnni"`) the Q4_0/Q4_1
   dot products are `vpdpbusd` straight into 32-bit row sums (the same integers, fewer instructions:
   SmolLM2-shaped and 1B-shaped matrices 1.4-2.7x faster on one core here); the other formats keep the AVX2
-  code, which that target runs too.
+  code, which that target runs too. On aarch64 with the dot-product extension (`isa="neon-dotprod"`)
+  Q4_0/Q4_1/Q8_0 use `sdot` in the same VNNI byte order (kernels/cpu/neon.py; compiled and checked
+  here, never run: no Arm machine) and the wider formats the exact kernels. INT8_DOTS says which is which.
 
 The AVX2 machinery (intrinsics, activation quantization, the loop nest) is in kernels/cpu/avx2.py; the
 5-bit, 6-bit and K-quant formats' kernels (both families) in kernels/cpu/linear_wide.py. bf16 weights are
@@ -48,10 +50,21 @@ from jitllm.lowering.kernels.cpu.avx2 import (
     widen_halves,
 )
 from jitllm.lowering.kernels.cpu.linear_wide import linear_wide_kernel
+from jitllm.lowering.kernels.cpu.neon import sdot8
 from jitllm.lowering.kernels.formats import FLOAT_STORAGE, float_weight
 
 R = ROW_GROUP
 KERNELS = ("exact", "fast")
+
+INT8_DOTS = {
+    "avx2": {"q4": "avx2", "q8_0": "avx2", "wide": "avx2"},
+    "avx512vnni": {"q4": "vnni", "q8_0": "avx2", "wide": "avx2"},
+    "neon-dotprod": {"q4": "sdot", "q8_0": "sdot"},
+}
+"""Per kernel ISA (targets/llvm.py), the int8 dot product of the fast family's kernels for Q4_0/Q4_1, Q8_0
+and the wide formats (kernels/cpu/linear_wide.py); a format missing here takes the exact kernel."""
+DOT4 = {"avx2": None, "vnni": dpbusd, "sdot": sdot8}
+"""Each dot product's 4-byte multiply-add into int32x8 row sums (None: AVX2's vpmaddubsw/vpmaddwd pairs)."""
 
 
 def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str = "generic"
@@ -61,16 +74,18 @@ def linear_kernel(wtype: str, n: int, k: int, kernels: str = "exact", isa: str =
     if kernels not in KERNELS:
         raise ValueError(f"unknown CPU kernels {kernels!r} (known: {', '.join(KERNELS)})")
     g, variant = n // R, "exact"
+    dots = INT8_DOTS.get(isa, {}) if kernels == "fast" else {}
     if kernels == "fast" and wtype in FLOAT_TYPES:
         func, variant = _float_fast(wtype, g, k), "fast"
     elif wtype in WIDE_TYPES:
-        fast = kernels == "fast" and isa != "generic"
+        fast = dots.get("wide") == "avx2"
         func, variant = linear_wide_kernel(wtype, g, k, fast), "avx2" if fast else "exact"
-    elif kernels == "fast" and isa != "generic" and wtype in ("q4_0", "q4_1"):
-        vnni = isa == "avx512vnni"
-        func, variant = _q4_avx2(wtype, g, k, vnni=vnni), "vnni" if vnni else "avx2"
-    elif kernels == "fast" and isa != "generic" and wtype == "q8_0":
-        func, variant = _q8_0_avx2(g, k), "avx2"
+    elif wtype in ("q4_0", "q4_1") and "q4" in dots:
+        variant = dots["q4"]
+        func = _q4_int8(wtype, g, k, dot4=DOT4[variant])
+    elif wtype == "q8_0" and "q8_0" in dots:
+        variant = dots["q8_0"]
+        func = _q8_0_int8(g, k, dot4=DOT4[variant])
     else:
         factory = {"f32": _float, "f16": _float, "bf16": _float, "q8_0": _q8_0, "q4_0": _q4, "q4_1": _q4}[wtype]
         func = factory(wtype, g, k)
@@ -218,9 +233,12 @@ def _float_fast(wtype: str, G: int, K: int):
     return f
 
 
-def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, prefetch_scales: bool = False,
-             warm: bool = True, vnni: bool = False):
+def _q4_int8(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, prefetch_scales: bool = False,
+             warm: bool = True, dot4=None):
+    """`dot4(acc, w, x)`: a 4-byte dot product into int32x8 row sums over the VNNI byte order (DOT4), or
+    None for AVX2's vpmaddubsw over the pair order."""
     NB = K // QUANT_BLOCK
+    vnni = dot4 is not None
     S = W_VNNI if vnni else W_SHUFFLE
     is_q4_1 = wtype == "q4_1"
     PF = max(1, round(prefetch_bytes / (NB * 16 * R)))
@@ -240,8 +258,8 @@ def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, p
         """The VNNI form of widen_halves(nib_sum(...)): the row sums accumulated in 32 bits directly."""
         lo, acc = T.uint8x32(15), T.int32x8(0)
         for k, w in enumerate((w0, w1, w2, w3)):
-            acc = dpbusd(acc, T.bitwise_and(w, lo), xe.vload([t, b, k, 0], "int8x32"))
-            acc = dpbusd(acc, T.shift_right(w, T.uint8x32(4)), xe.vload([t, b, k + 4, 0], "int8x32"))
+            acc = dot4(acc, T.bitwise_and(w, lo), xe.vload([t, b, k, 0], "int8x32"))
+            acc = dot4(acc, T.shift_right(w, T.uint8x32(4)), xe.vload([t, b, k + 4, 0], "int8x32"))
         return acc
 
     def row_sums(w0, w1, w2, w3, xe, t, b):
@@ -307,11 +325,13 @@ def _q4_avx2(wtype: str, G: int, K: int, prefetch_bytes: int = PREFETCH_BYTES, p
     return f0
 
 
-def _q8_0_avx2(G: int, K: int):
-    """Signed x signed: |w| (u8) times sign(x, w) with vpmaddubsw; 16-bit pairs of two chunks are
-    interleaved so one vpmaddwd adds them per row without overflow."""
+def _q8_0_int8(G: int, K: int, dot4=None):
+    """Signed x signed. AVX2 (dot4 None): |w| (u8) times sign(x, w) with vpmaddubsw; 16-bit pairs of two
+    chunks are interleaved so one vpmaddwd adds them per row without overflow. A signed 4-byte dot product
+    (sdot) takes the 8 chunks in the VNNI byte order straight into 32-bit row sums."""
     NB = K // QUANT_BLOCK
-    S = W_SHUFFLE
+    vnni = dot4 is not None
+    S = W_VNNI if vnni else W_SHUFFLE
     LO, HI = UNPACK_LO, UNPACK_HI
     ones = T.int16x16(1)
     PF = max(1, round(PREFETCH_BYTES / (NB * 32 * R)))
@@ -325,12 +345,21 @@ def _q8_0_avx2(G: int, K: int):
     def pair_hi(p0, p1):
         return maddwd(T.Shuffle([p0, p1], HI), ones)
 
-    def row_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, t, b):
+    def pair_sums(w0, w1, w2, w3, w4, w5, w6, w7, xe, t, b):
         p0, p1, p2, p3 = prod(w0, xe, t, b, 0), prod(w1, xe, t, b, 1), prod(w2, xe, t, b, 2), prod(w3, xe, t, b, 3)
         p4, p5, p6, p7 = prod(w4, xe, t, b, 4), prod(w5, xe, t, b, 5), prod(w6, xe, t, b, 6), prod(w7, xe, t, b, 7)
         lo = (pair_lo(p0, p1) + pair_lo(p2, p3)) + (pair_lo(p4, p5) + pair_lo(p6, p7))
         hi = (pair_hi(p0, p1) + pair_hi(p2, p3)) + (pair_hi(p4, p5) + pair_hi(p6, p7))
         return T.Shuffle([lo, hi], [0, 1, 2, 3, 8, 9, 10, 11]) + T.Shuffle([lo, hi], [4, 5, 6, 7, 12, 13, 14, 15])
+
+    def row_sums(*args):
+        if not vnni:
+            return pair_sums(*args)
+        *ws, xe, t, b = args
+        acc = T.int32x8(0)
+        for c, w in enumerate(ws):
+            acc = dot4(acc, w, xe.vload([t, b, c, 0], "int8x32"))
+        return acc
 
     @T.macro
     def row_block(qs, d, mn, xe, xd, xs, y, g, b, m0, t0, cnt):
@@ -362,7 +391,7 @@ def _q8_0_avx2(G: int, K: int):
         if b % 4 == 0:
             T.evaluate(prefetch(d, [g, b, 0]))
 
-    body = avx2_driver(G, NB, G * NB * (32 + 2) * R, row_block, warm_block, PF)
+    body = avx2_driver(G, NB, G * NB * (32 + 2) * R, row_block, warm_block, PF, pattern=X_VNNI if vnni else X_PATTERN)
 
     @T.prim_func
     def f(x_h: T.handle, qs: T.Buffer((G, NB, 32, R), "int8"), d: T.Buffer((G, NB, R), "float16"), y_h: T.handle):

@@ -45,7 +45,7 @@ class TargetCaps:
     """Width of the integers kernels index with (WGSL has no 64-bit integers)."""
     kernels_flag: str | None = None
     """The CLI flag that picks the target's kernel family (`cpu-kernels`), where it has families."""
-    kv_types: tuple[str, ...] = ("f32", "f16")
+    kv_types: tuple[str, ...] = ("f32", "f16", "q8_0")
     """The KV cache types its pools store (BlockKind.kv_type); f32 always. A block whose kind asks for
     another stores f32 on this target (kind_for_target), its pages converted when it moves."""
 

@@ -72,12 +72,10 @@ def tiny_four_blocks(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_d32(tmp_path_factory) -> Path:
     """`tiny` with head dim 32 (2 heads, 1 KV head), which q8_0 KV's blocks of 32 tile."""
-    import dataclasses
-
-    from jitllm.random_model import PRESETS, write_random_model
+    from jitllm.random_model import write_random_model
 
     path = tmp_path_factory.mktemp("models") / "tiny-d32.jlm"
-    write_random_model(path, dataclasses.replace(PRESETS["tiny"], heads=2, kv_heads=1, head_dim=32), "q4_1", seed=5)
+    write_random_model(path, "tiny-d32", "q4_1", seed=5)
     return path
 
 

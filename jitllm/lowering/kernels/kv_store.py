@@ -103,6 +103,11 @@ def block_amax(value_of, args, e):
     return functools.reduce(T.max, [T.abs(value_of(*args, start + j)) for j in range(Q8_BLOCK)])
 
 
+def buffer_amax(buffer, lead, e):
+    """block_amax over an f32 tensor's row buffer[*lead, :]."""
+    return block_amax(lambda *index: buffer[index], tuple(lead), e)
+
+
 def _hmax(v, lanes: int):
     """Largest lane of a float vector expression (halving maxima)."""
     while lanes > 1:

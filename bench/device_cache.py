@@ -23,10 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu")
 
 def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = ()):
     """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
-    tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact), the presets' CUDA kinds (and
-    their fast ragged variants), and both the exact llvm and the CUDA kinds of
-    `host_presets` (bench/migrate.py's blocks start on the host)."""
-    from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds, ragged_test_kinds
+    tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact; at every KV type, q8_0 on
+    tiny-d32), the presets' CUDA kinds (and their fast ragged variants), and both the exact llvm and the CUDA
+    kinds of `host_presets` (bench/migrate.py's blocks start on the host)."""
+    from kinds import (
+        f16_kv_test_kinds,
+        format_test_kinds,
+        gpu_test_kinds,
+        kv_model_preset,
+        q8_kv_test_kinds,
+        ragged_test_kinds,
+    )
 
     from jitllm.ir.config import DEFAULT_KV_TYPE, KV_DTYPES
     from jitllm.lowering.target import kind_for_target
@@ -41,9 +48,9 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
         return [(kind, target), (kind.decode_variant(), target)]
 
     pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]
-    pairs += [(kind, cuda) for kind in [*format_test_kinds(), *f16_kv_test_kinds()]]
-    for kv_type in KV_DTYPES:  # (the tests load the tiny model at the default f16 KV, some pin f32)
-        tiny = preset_layout("tiny", "q4_1").with_kv_type(kv_type)
+    pairs += [(kind, cuda) for kind in [*format_test_kinds(), *f16_kv_test_kinds(), *q8_kv_test_kinds()]]
+    for kv_type in KV_DTYPES:  # (the tests load the tiny model at the default f16 KV, some pin f32; tiny-d32 at q8_0)
+        tiny = preset_layout(kv_model_preset(kv_type), "q4_1").with_kv_type(kv_type)
         for kind in [*tiny.block_kinds, tiny.head]:
             pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
         pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target, kv_type)]

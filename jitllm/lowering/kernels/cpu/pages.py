@@ -1,6 +1,7 @@
 """Page export/import kernels for the host: copy a block's KV pages out of a pool into one contiguous
 tensor, and into another pool at other page ids. Migration is export (source device) + one transfer + import.
-Pages travel in the pool's type and row layout (BlockKind.kv_type, kv_row): conversion between pools of two dtypes is the caller's."""
+Pages travel in the pool's type and row layout (BlockKind.kv_type, kv_row): conversion between pools of two
+types is the caller's."""
 
 from __future__ import annotations
 

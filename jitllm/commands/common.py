@@ -135,7 +135,7 @@ def placement_options(func=None, *, devices: str = "auto"):
         opt("gpu-layers", "gpu_layers", type=click.IntRange(min=0), default=None, help="cap the blocks offered to devices"),
         opt("ctx", type=click.IntRange(min=1), default=None, help="context length (default 4096, at most the model's)"),
         opt("ctk", "cache_type_k", type=click.Choice(KV_TYPES), default="f16", show_default=True,
-            help="KV cache type of K (as llama.cpp's; f32 on devices that lack f16)"),
+            help="KV cache type of K (as llama.cpp's; f32 on devices that lack it; q8_0: head dims multiple of 32)"),
         opt("ctv", "cache_type_v", type=click.Choice(KV_TYPES), default="f16", show_default=True,
             help="KV cache type of V (equal to -ctk for now)"),
         opt("cache", "cache_dir", default=None, help="compiled-artifact cache directory (default ./cache or $JITLLM_CACHE_DIR)"),

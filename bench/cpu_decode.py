@@ -104,8 +104,8 @@ def run_jitllm(args) -> dict:
     others = _others_busy(before, _cpu_busy_sample(), time.perf_counter() - t0)
     weights = sum(u.nbytes for u in ex.blocks) + ex.head.nbytes
     cfg = model.layout.config
-    itemsize = np.dtype(ex.pools[ex.blocks[0].device.name].dtype).itemsize  # (f16 KV by default)
-    kv_token = cfg.num_blocks * 2 * cfg.kv_heads * cfg.head_dim * itemsize
+    pool = ex.pools[ex.blocks[0].device.name]  # (f16 KV by default; q8_0 rows carry their scales)
+    kv_token = cfg.num_blocks * pool.page_bytes // pool.page_size
     return {"pp": pp, "tg": tg, "rss": _peak_rss(), "others": others,
             "bytes_per_token": weights + kv_token * (args.tg / 2 + 1)}
 

@@ -6,6 +6,7 @@ their ragged variants in the fast family, for `jitllm batch -devices gpu`), and 
 kinds of bench/migrate.py's shapes (-host-presets; its blocks start on the host).
 
     python bench/device_cache.py -cache cache -presets llama-3.2-3b:f16,smollm2-135m:q4_0
+    python bench/device_cache.py -cache cache -presets smollm2-135m:q4_1 -host-presets "" -kv f32,q8_0
 
 Run it here (full TVM); artifacts already in the cache are kept, missing ones compiled, and files of
 other keys deleted with -prune (an artifact's key changes whenever a source it depends on does, so age
@@ -26,12 +27,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
 
 
-def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = ()):
+def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, str]] = (),
+                 kv_types: tuple[str, ...] = ()):
     """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
-    tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact), the presets' CUDA kinds (and
-    their fast ragged variants), and both the exact llvm and the CUDA kinds of
-    `host_presets` (bench/migrate.py's blocks start on the host)."""
-    from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds, ragged_test_kinds
+    tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact; at every KV type, q8_0 on
+    tiny-d32), the presets' CUDA kinds (and their fast ragged variants), and both the exact llvm and the CUDA
+    kinds of `host_presets` (bench/migrate.py's blocks start on the host); the presets' kinds at the default
+    f16 KV and at `kv_types` (bench/kv_types.py -devices cuda:0 loads each type)."""
+    from kinds import (
+        f16_kv_test_kinds,
+        format_test_kinds,
+        gpu_test_kinds,
+        kv_model_preset,
+        q8_kv_test_kinds,
+        ragged_test_kinds,
+    )
 
     from jitllm.ir.config import DEFAULT_KV_TYPE, KV_DTYPES
     from jitllm.lowering.target import kind_for_target
@@ -46,23 +56,26 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
         return [(kind, target), (kind.decode_variant(), target)]
 
     pairs = [(kind, target) for kind in gpu_test_kinds() for target in (cuda, fast)]
-    pairs += [(kind, cuda) for kind in [*format_test_kinds(), *f16_kv_test_kinds()]]
-    for kv_type in KV_DTYPES:  # (the tests load the tiny model at the default f16 KV, some pin f32)
-        tiny = preset_layout("tiny", "q4_1").with_kv_type(kv_type)
+    pairs += [(kind, cuda) for kind in [*format_test_kinds(), *f16_kv_test_kinds(), *q8_kv_test_kinds()]]
+    for kv_type in KV_DTYPES:  # (the tests load the tiny model at the default f16 KV, some pin f32; tiny-d32 at q8_0)
+        tiny = preset_layout(kv_model_preset(kv_type), "q4_1").with_kv_type(kv_type)
         for kind in [*tiny.block_kinds, tiny.head]:
             pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
         pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target, kv_type)]
-    for preset, wtype in [*presets, *host_presets]:
-        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
-        for kind in [*layout.block_kinds, layout.head]:
-            pairs += as_run(kind, fast) + (as_run(kind, cuda) if wtype.startswith("q") else [])
-    for preset, wtype in presets:  # the ragged variants `jitllm batch -devices gpu` runs (fast family)
-        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
-        pairs += [(kind_for_target(kind, fast).ragged_variant(), fast) for kind in [*layout.block_kinds, layout.head]]
-    for preset, wtype in host_presets:
-        layout = preset_layout(preset, wtype).with_kv_type(DEFAULT_KV_TYPE)
-        for kind in [*layout.block_kinds, layout.head]:
-            pairs += as_run(kind, host)
+    preset_kv = list(dict.fromkeys([DEFAULT_KV_TYPE, *kv_types]))
+    for kv_type in preset_kv:
+        for preset, wtype in [*presets, *host_presets]:
+            layout = preset_layout(preset, wtype).with_kv_type(kv_type)
+            for kind in [*layout.block_kinds, layout.head]:
+                pairs += as_run(kind, fast) + (as_run(kind, cuda) if wtype.startswith("q") else [])
+        for preset, wtype in presets:  # the ragged variants `jitllm batch -devices gpu` runs (fast family)
+            layout = preset_layout(preset, wtype).with_kv_type(kv_type)
+            pairs += [(kind_for_target(kind, fast).ragged_variant(), fast)
+                      for kind in [*layout.block_kinds, layout.head]]
+        for preset, wtype in host_presets:
+            layout = preset_layout(preset, wtype).with_kv_type(kv_type)
+            for kind in [*layout.block_kinds, layout.head]:
+                pairs += as_run(kind, host)
     return list(dict.fromkeys(pairs))
 
 
@@ -73,6 +86,7 @@ def main() -> None:
                     help="comma-separated preset:wtype pairs for bench/gpu_decode.py")
     ap.add_argument("-host-presets", default="smollm2-135m:f16,llama-3.2-3b:f16",
                     help="preset:wtype pairs for bench/migrate.py (exact llvm kinds and CUDA kinds)")
+    ap.add_argument("-kv", default="", help="KV types for the presets' kinds beside the default f16 (f32,q8_0)")
     ap.add_argument("-prune", action="store_true", help="delete every other file in the cache folder")
     ap.add_argument("-cpu-isa", default="avx2",
                     help="kernel ISA of the llvm kinds (export JITLLM_CPU_ISA=<it> on the GPU machine too)")
@@ -84,7 +98,8 @@ def main() -> None:
     presets = [tuple(p.split(":")) for p in args.presets.split(",") if p]
     host_presets = [tuple(p.split(":")) for p in args.host_presets.split(",") if p]
     keep: set[Path] = set()
-    for kind, target in needed_kinds(presets, host_presets):
+    kv_types = tuple(t for t in args.kv.split(",") if t)
+    for kind, target in needed_kinds(presets, host_presets, kv_types):
         directory = get_artifact(kind, target, args.cache, log=stderr_log).path.parent.resolve()
         keep |= {f.resolve() for f in directory.iterdir()}  # (the artifact and its sidecar)
     root = Path(args.cache)

@@ -136,7 +136,7 @@ def main() -> None:
           f"roofline {roofline:.0f} t/s, decode at {100 * med_tg / roofline:.1f}% of roofline")
     cfg, ex = model.executor.layout.config, model.executor
     pool = ex.pools[ex.blocks[0].device.name]  # (f16 KV by default)
-    kv_dtype = pool.dtype
+    kv_dtype = pool.kv_type
     for h, r in zip(histories, long):
         kv = cfg.num_blocks * h * pool.page_bytes // pool.page_size
         print(f"decode at history {h}: median {r.median:.1f} t/s ({1e3 / r.median:.2f} ms/token); roofline with "

@@ -1,7 +1,8 @@
-"""f16 against f32 KV cache (-ctk/-ctv): a decode step at a long history, and a move of one block with
-that history (host -> a simulated device and back), both KV types measured in the same run.
+"""The KV cache types against f32 (-ctk/-ctv f16, q8_0): a decode step at a long history, and a move of one
+block with that history (host -> a simulated device and back), every KV type measured in the same run.
 
-    python3 bench/kv_types.py [-model PATH] [-history 8064] [-steps 8] [-reps 3] [-kernels exact] [-cache DIR]
+    python3 bench/kv_types.py [-model PATH] [-kv f32,f16,q8_0] [-history 8064] [-steps 8] [-reps 3]
+                              [-kernels exact] [-cache DIR]
     python3 bench/kv_types.py -devices cuda:0 -move-to cuda:0     # on a GPU
 
 The history is allocated page by page as a real session holds it (its values, zeros, are irrelevant to
@@ -61,6 +62,7 @@ def _move_ms(model, history: int, dest: str, reps: int) -> tuple[float, float, f
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-model", default=None, help="a .jlm (default: the built-in SmolLM2-135M)")
+    ap.add_argument("-kv", default="f32,f16,q8_0", help="KV types, the first the base of the ratios")
     ap.add_argument("-history", type=int, default=8064)
     ap.add_argument("-steps", type=int, default=8)
     ap.add_argument("-reps", type=int, default=3)
@@ -76,7 +78,7 @@ def main() -> None:
 
     path = args.model or str(default_model_path())
     rows = {}
-    for kv_type in ("f32", "f16"):
+    for kv_type in args.kv.split(","):
         extra = [simulated_device("sim")] if args.move_to == "sim" else []
         model = load(path, devices=args.devices, ctx=args.history + args.steps + 8, cache_dir=args.cache,
                      cpu_kernels=args.kernels, kv_type=kv_type, extra_devices=extra)
@@ -86,8 +88,10 @@ def main() -> None:
         print(f"kv {kv_type}: decode at {args.history} history {decode:.2f} ms/token; move of block 0 "
               f"({kv:.1f} MiB KV) -> {args.move_to} {there:.2f} ms, back {back:.2f} ms", flush=True)
         del model
-    (d32, t32, b32, _), (d16, t16, b16, _) = rows["f32"], rows["f16"]
-    print(f"f32 / f16: decode {d32 / d16:.2f}x, move there {t32 / t16:.2f}x, back {b32 / b16:.2f}x")
+    base = next(iter(rows))
+    d0, t0, b0, _ = rows[base]
+    for kv_type, (d, t, b, _) in list(rows.items())[1:]:
+        print(f"{base} / {kv_type}: decode {d0 / d:.2f}x, move there {t0 / t:.2f}x, back {b0 / b:.2f}x")
 
 
 if __name__ == "__main__":

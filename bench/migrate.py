@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("-history", default="1024,4096,16384")
     ap.add_argument("-cache", default="cache")
     ap.add_argument("-reps", type=int, default=3)
-    ap.add_argument("-kv", default="f16", help="KV cache type (f32 or f16)")
+    ap.add_argument("-kv", default="f16", help="KV cache type (f32, f16 or q8_0)")
     ap.add_argument("-phases", action="store_true",
                     help="after each row, the median milliseconds of each phase of the move")
     args = ap.parse_args()

@@ -19,6 +19,7 @@ from jitllm.ir.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("llama", 2, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True),
+    "tiny-d32": ModelConfig("llama", 2, 64, 2, 1, 32, 128, 320, 256, 10000.0, 1e-5, tied_head=True),
     "tiny-hybrid": ModelConfig("llama", 4, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True,
                                block_types=("llama", "gla", "llama", "gla")),
     "smollm2-135m": ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, 1e-5, tied_head=True),

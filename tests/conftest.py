@@ -70,6 +70,16 @@ def tiny_four_blocks(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_d32(tmp_path_factory) -> Path:
+    """`tiny` with head dim 32 (2 heads, 1 KV head), which q8_0 KV's blocks of 32 tile."""
+    from jitllm.random_model import write_random_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-d32.jlm"
+    write_random_model(path, "tiny-d32", "q4_1", seed=5)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_hybrid_model(tmp_path_factory) -> Path:
     """4 blocks: llama, gla, llama, gla (random weights)."""
     from jitllm.random_model import write_random_model

@@ -92,7 +92,7 @@ def block_forward(kind: BlockKind, weights, x, cos, sin, pages, page_table, past
     attn = np.zeros((b, s, c.heads, c.head_dim), np.float32)
     for bi in range(b):
         n = int(past[bi])
-        hist = np.stack([pages[page_table[bi, t // p], :, :, t % p].astype(np.float32) for t in range(n)]) if n else np.zeros((0, 2, c.kv_heads, c.head_dim), np.float32)
+        hist = np.stack([pool_values(kind, pages[page_table[bi, t // p], :, :, t % p]) for t in range(n)]) if n else np.zeros((0, 2, c.kv_heads, c.head_dim), np.float32)
         keys = np.concatenate([hist[:, 0], k[bi]], axis=0)  # [n+s, Hkv, D]
         vals = np.concatenate([hist[:, 1], v[bi]], axis=0)
         for si in range(s):
@@ -114,13 +114,36 @@ def head_forward(kind: BlockKind, weights, x):
     return (h @ linear_weight(kind, weights, "output").T).astype(np.float32)
 
 
+def pool_rows(kind: BlockKind, values: np.ndarray) -> np.ndarray:
+    """f32 values [..., head_dim] as the kind's pool stores them: cast, or q8_0 through gguf's own quantizer
+    (llama.cpp's block_q8_0: 2 bytes of f16 scale, 32 int8 quants), its blocks laid out as our rows (the
+    quants, then the scales)."""
+    if kind.kv_type != "q8_0":
+        return values.astype(kind.kv_dtype)
+    lead, d = values.shape[:-1], values.shape[-1]
+    blocks = gguf.quants.quantize(values.reshape(-1, d), gguf.GGMLQuantizationType.Q8_0).reshape(-1, d // 32, 34)
+    quants = blocks[..., 2:].reshape(-1, d).view(np.int8)
+    scales = blocks[..., :2].reshape(-1, d // 16).view(np.int8)
+    return np.concatenate([quants, scales], axis=-1).reshape(*lead, -1)
+
+
+def pool_values(kind: BlockKind, rows: np.ndarray) -> np.ndarray:
+    """The kind's pool rows [..., row] as f32 values [..., head_dim] (q8_0 through gguf's dequantize)."""
+    if kind.kv_type != "q8_0":
+        return rows.astype(np.float32)
+    lead, d = rows.shape[:-1], kind.config.head_dim
+    flat = rows.reshape(-1, rows.shape[-1]).view(np.uint8)
+    blocks = np.concatenate([flat[:, d:].reshape(-1, d // 32, 2), flat[:, :d].reshape(-1, d // 32, 32)], axis=-1)
+    return gguf.quants.dequantize(blocks.reshape(-1, d // 32 * 34), gguf.GGMLQuantizationType.Q8_0).reshape(*lead, d)
+
+
 def paged_inputs(kind: BlockKind, rng, batch: int, seq: int, pasts: list[int], extra_pages: int = 3):
     """Random x, RoPE tables, a pool with shuffled page ids holding each sequence's history."""
     c, p = kind.config, kind.page_size
     pages_per_seq = [(n + seq + p - 1) // p for n in pasts]
     max_pages = max(pages_per_seq)
     num_pages = sum(pages_per_seq) + extra_pages
-    pool = rng.standard_normal((num_pages, 2, c.kv_heads, p, c.head_dim)).astype(kind.kv_dtype)
+    pool = pool_rows(kind, rng.standard_normal((num_pages, 2, c.kv_heads, p, c.head_dim)).astype(np.float32))
     ids = rng.permutation(num_pages)
     table = np.zeros((batch, max_pages), np.int32)
     at = 0

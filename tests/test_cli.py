@@ -103,9 +103,20 @@ def test_truncated_and_wrong_version_model(tiny_model, tmp_path, cache_dir):
     (("-placement", "3-1=host"), "backwards"),
     (("-placement", "99=host"), "99"),
     (("-bogus",), "bogus"),
+    (("-ctk", "q8_0", "-ctv", "f16"), "differ"),
+    (("-ctk", "q8_0", "-ctv", "q8_0"), "q8_0 needs a head dim that is a multiple of 32 (this model's is 16)"),
+    (("-ctk", "q4_0"), "q4_0"),
 ])
 def test_bad_flags(tiny_model, cache_dir, args, needle):
     assert_one_line_error(jitllm("run", *args, str(tiny_model), "hi", cache=cache_dir), needle)
+
+
+def test_run_with_a_q8_0_kv_cache(tiny_d32, cache_dir):
+    """-ctk/-ctv q8_0 (llama.cpp's flags) load and run where the head dim is a multiple of 32."""
+    out = jitllm("run", "-n", "6", "-temp", "0", "-devices", "cpu", "-ctk", "q8_0", "-ctv", "q8_0", str(tiny_d32),
+                 "hello", cache=cache_dir)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "decode" in out.stderr
 
 
 def test_prompt_longer_than_context(tiny_model, cache_dir):

@@ -54,7 +54,7 @@ def build_block_graph(kind: BlockKind) -> onnx.ModelProto:
     return helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-        functions=functions_for(g.nodes),
+        functions=functions_for(g.nodes, kind.kv_type),
         producer_name="jitllm",
         ir_version=9,
     )

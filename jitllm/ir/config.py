@@ -15,11 +15,13 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from jitllm.core.errors import JitllmError, shown
+from jitllm.ir.kv_quant import check_head_dim, row_width
 
 ROPE_TYPES = ("none", "linear", "llama3", "yarn")
-KV_DTYPES = {"f32": "float32", "f16": "float16"}
-"""KV cache types (`-ctk/-ctv`, LoadOptions.kv_type) -> the pool tensor's dtype. Kernels compute in f32
-whatever the pool stores (jitllm.lowering.kernels.kv_store converts on store and load)."""
+KV_DTYPES = {"f32": "float32", "f16": "float16", "q8_0": "int8"}
+"""KV cache types (`-ctk/-ctv`, LoadOptions.kv_type) -> the pool tensor's dtype (q8_0: bytes, laid out as
+jitllm.ir.kv_quant says). Kernels compute in f32 whatever the pool stores (jitllm.lowering.kernels.kv_store
+converts on store and load)."""
 DEFAULT_KV_TYPE = "f16"
 """llama.cpp's default: half of f32's bytes to keep, move and spill, at ~1e-2 in the logits."""
 
@@ -267,11 +269,17 @@ class BlockKind:
     def __post_init__(self) -> None:
         if self.kv_type not in KV_DTYPES:
             raise JitllmError(f"unknown KV cache type {self.kv_type!r} (known: {', '.join(KV_DTYPES)})")
+        check_head_dim(self.kv_type, self.config.head_dim)
 
     @property
     def kv_dtype(self) -> str:
         """The pool tensor's dtype."""
         return KV_DTYPES[self.kv_type]
+
+    @property
+    def kv_row(self) -> int:
+        """The pool's last dimension: elements of kv_dtype per position and KV head (head_dim but for q8_0)."""
+        return row_width(self.kv_type, self.config.head_dim)
 
     @property
     def fused(self) -> bool:

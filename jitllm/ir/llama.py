@@ -158,7 +158,7 @@ def activation_inputs(kind: BlockKind) -> Inputs:
         ("x", (*lead, c.hidden), "float32"),
         ("cos", (*lead, half), "float32"),
         ("sin", (*lead, half), "float32"),
-        ("pages", ("num_pages", 2, c.kv_heads, kind.page_size, c.head_dim), kind.kv_dtype),
+        ("pages", ("num_pages", 2, c.kv_heads, kind.page_size, kind.kv_row), kind.kv_dtype),
         ("page_table", (seqs, "max_pages"), "int32"),
         ("past", (seqs,), "int32"),
         *([("seq_starts", ("seq_bounds",), "int32")] if kind.ragged else []),

@@ -9,8 +9,9 @@ KV pool directly.
 - `PagedAttention(q[B,S,H,D], k[B,S,Hkv,D], v, pages[NP,2,Hkv,P,D], page_table[B,MP] i32, past[B] i32)`:
   causal attention of the S new tokens over the `past` positions held in the pages listed by the page
   table, followed by the new tokens themselves. It does not write the pool: appending k/v is a separate
-  kernel run after the block. The pool holds f32 or f16 (BlockKind.kv_type): history is read as f32,
-  the new tokens are attended at f32 (as every kernel does: they are rounded only when appended).
+  kernel run after the block. The pool holds f32, f16 or q8_0 rows (BlockKind.kv_type; pages[.., row],
+  jitllm.ir.kv_quant's layout): history is read as f32 (q8_0: each quant times its block's f16 scale), the
+  new tokens are attended at f32 (as every kernel does: they are rounded only when appended).
 - `RaggedPagedAttention(q[1,T,H,D], k[1,T,Hkv,D], v, pages, page_table[B,MP] i32, past[B] i32,
   seq_starts[B+1] i32)`: the rows of B sequences in one batch (batched steps): sequence b's new tokens are
   rows seq_starts[b] .. seq_starts[b+1]-1, at positions past[b] ..; each row attends causally over its own
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING
 from jitllm.core.layouts import WEIGHT_TYPES
 from jitllm.ir.dequant import dequantize
 from jitllm.ir.graph import DOMAIN, DTYPES, F32, OPSET, GraphBuilder
+from jitllm.ir.kv_quant import Q8_BLOCK, QUANTIZED
 
 if TYPE_CHECKING:
     import onnx
@@ -194,12 +196,41 @@ def rotary_attention_function() -> onnx.FunctionProto:
                      ["out", "k", "v"], g)
 
 
-def paged_attention_function() -> onnx.FunctionProto:
+def _pool_values(g: GraphBuilder, gathered: str, kv_type: str) -> str:
+    """Rows gathered from the pool, [., MP, 2, Hkv, P, row], as f32 values [., MP, 2, Hkv, P, D]: cast from
+    f32 or f16; q8_0's quants times their block's scale, the scale's f16 bits decoded arithmetically (ONNX
+    has no bitcast): (1024 + mantissa) * 2^(exponent - 25), subnormals mantissa * 2^-24."""
+    f32, i32 = F32, DTYPES["int32"]
+    if kv_type not in QUANTIZED:
+        return g.op("Cast", gathered, to=f32)
+    width = g.op("Shape", gathered, start=5)  # [1]: D + 2 D / 32
+    d_dim = g.op("Div", g.op("Mul", width, g.const([Q8_BLOCK])), g.const([Q8_BLOCK + 2]))
+    last = g.const([5])
+    quants = g.op("Cast", g.op("Slice", gathered, g.const([0]), d_dim, last), to=f32)
+    raw = g.op("Cast", g.op("Slice", gathered, d_dim, width, last), to=i32)
+    unsigned = g.op("Mod", g.op("Add", raw, g.const(256, "int32")), g.const(256, "int32"))
+    pairs = g.op("Reshape", unsigned, g.const([0, 0, 0, 0, 0, -1, 2]))  # little-endian f16 bytes
+    bits = g.op("Add", g.op("Gather", pairs, g.const(0), axis=6),
+                g.op("Mul", g.op("Gather", pairs, g.const(1), axis=6), g.const(256, "int32")))
+    exponent = g.op("Mod", g.op("Div", bits, g.const(1024, "int32")), g.const(32, "int32"))
+    mantissa = g.op("Cast", g.op("Mod", bits, g.const(1024, "int32")), to=f32)
+    normal = g.op("Mul", g.op("Add", mantissa, g.const(1024.0, "float32")),
+                  g.op("Pow", g.const(2.0, "float32"),
+                       g.op("Sub", g.op("Cast", exponent, to=f32), g.const(25.0, "float32"))))
+    magnitude = g.op("Where", g.op("Equal", exponent, g.const(0, "int32")),
+                     g.op("Mul", mantissa, g.const(2.0 ** -24, "float32")), normal)
+    scale = g.op("Where", g.op("GreaterOrEqual", bits, g.const(32768, "int32")), g.op("Neg", magnitude), magnitude)
+    blocks = g.op("Reshape", quants, g.const([0, 0, 0, 0, 0, -1, Q8_BLOCK]))
+    values = g.op("Mul", blocks, g.op("Unsqueeze", scale, g.const([6])))
+    return g.op("Reshape", values, g.op("Concat", g.op("Shape", gathered, end=5), d_dim, axis=0))
+
+
+def paged_attention_function(kv_type: str = "f32") -> onnx.FunctionProto:
     g = GraphBuilder("att_")
     i64 = DTYPES["int64"]
     f32 = F32
     # History gathered from the pool: [B, MP, 2, Hkv, P, D] -> K/V [B, Hkv, MP*P, D].
-    hist = g.op("Cast", g.op("Gather", "pages", "page_table", axis=0), to=f32)  # (the pool's dtype: f32 or f16)
+    hist = _pool_values(g, g.op("Gather", "pages", "page_table", axis=0), kv_type)
     hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
     d_dim = g.op("Shape", "q", start=3)
     hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
@@ -244,7 +275,7 @@ def paged_attention_function() -> onnx.FunctionProto:
     return _function(PAGED_ATTENTION, ["q", "k", "v", "pages", "page_table", "past"], ["out"], g)
 
 
-def ragged_attention_function() -> onnx.FunctionProto:
+def ragged_attention_function(kv_type: str = "f32") -> onnx.FunctionProto:
     """Each row as a query of its own, over the pages of its sequence's table and over the new rows of its
     sequence up to itself (masks from the row -> sequence map that seq_starts gives)."""
     g = GraphBuilder("rag_")
@@ -261,7 +292,7 @@ def ragged_attention_function() -> onnx.FunctionProto:
                                                g.op("Unsqueeze", rows, g.const([1]))), to=i64),
                g.const([1]), keepdims=0)  # [T]
     # history per row: [T, MP, 2, Hkv, P, D] -> K/V [T, Hkv, MP*P, D]
-    hist = g.op("Cast", g.op("Gather", "pages", g.op("Gather", "page_table", seq, axis=0), axis=0), to=f32)
+    hist = _pool_values(g, g.op("Gather", "pages", g.op("Gather", "page_table", seq, axis=0), axis=0), kv_type)
     hist = g.op("Transpose", hist, perm=[0, 2, 3, 1, 4, 5])
     hist = g.op("Reshape", hist, g.op("Concat", g.const([0, 0, 0, -1]), d_dim, axis=0))
     kh = g.op("Gather", hist, g.const(0), axis=1)
@@ -318,11 +349,13 @@ def gated_recurrence_function() -> onnx.FunctionProto:
     return _function(GATED_RECURRENCE, ["q", "k", "v", "a", "state"], ["out", "state_out"], g)
 
 
-def functions_for(nodes: list[onnx.NodeProto]) -> list[onnx.FunctionProto]:
-    """The model-local functions that a graph's jitllm-domain nodes call, one per op type."""
+def functions_for(nodes: list[onnx.NodeProto], kv_type: str = "f32") -> list[onnx.FunctionProto]:
+    """The model-local functions that a graph's jitllm-domain nodes call, one per op type (the attention
+    ones reading a pool of `kv_type`)."""
     from jitllm.core.layouts import ROW_GROUP, SUPER_BLOCK, weight_parts
 
-    others = {PAGED_ATTENTION: paged_attention_function, RAGGED_ATTENTION: ragged_attention_function,
+    others = {PAGED_ATTENTION: lambda: paged_attention_function(kv_type),
+              RAGGED_ATTENTION: lambda: ragged_attention_function(kv_type),
               GATED_RECURRENCE: gated_recurrence_function,
               ROTARY_QKV: rotary_qkv_function, ROTARY_ATTENTION: rotary_attention_function}
     functions: dict[str, onnx.FunctionProto] = {}

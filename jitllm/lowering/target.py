@@ -45,9 +45,10 @@ class TargetCaps:
     """Width of the integers kernels index with (WGSL has no 64-bit integers)."""
     kernels_flag: str | None = None
     """The CLI flag that picks the target's kernel family (`cpu-kernels`), where it has families."""
-    kv_types: tuple[str, ...] = ("f32", "f16")
-    """The KV cache types its pools store (BlockKind.kv_type); f32 always. A block whose kind asks for
-    another stores f32 on this target (kind_for_target), its pages converted when it moves."""
+    kv_types: tuple[str, ...] = ("f32", "f16", "q8_0")
+    """The KV cache types its pools store (BlockKind.kv_type; q8_0: llama.cpp's blocks, jitllm.ir.kv_quant);
+    f32 always. A block whose kind asks for another stores f32 on this target (kind_for_target), its pages
+    converted when it moves."""
 
 
 class KernelSet:

@@ -40,8 +40,8 @@ class LoadOptions:
     move one block per generated token to where the plan puts it. `tune_seam`: time a few seams while
     generating and keep the fastest (runtime/seam_tuning.py). `threads`: the host's CPU workers (None: one per
     physical performance core in the process's CPU mask, or TVM_NUM_THREADS; runtime/workers.py).
-    `kv_type`: what the KV cache stores (f32 or f16, as llama.cpp's -ctk/-ctv; f32 on devices whose target
-    lacks it, TargetCaps.kv_types).
+    `kv_type`: what the KV cache stores (f32, f16 or q8_0, as llama.cpp's -ctk/-ctv; f32 on devices whose
+    target lacks it, TargetCaps.kv_types; q8_0 needs a head dim that is a multiple of 32).
     `fast_start`: host units whose artifacts the cache lacks start on ONNX Runtime and move to the host as
     their artifacts compile in the background (runtime/engine/fast_start.py; the caller polls it)."""
 

@@ -51,10 +51,26 @@ def f16_kv_test_kinds():
     return kinds + [k.decode_variant() for k in kinds]
 
 
+def q8_kv_test_kinds():
+    """Block kinds over a q8_0 KV pool, general and decode, as the CUDA target runs them (head dims 32 and
+    64: one and two blocks of 32 a row): test_cuda.py checks them against numpy over gguf's dequantization
+    of the same rows, and the decode kinds' append against the quantized new rows."""
+    kinds = [kind_for_target(replace(llama_block_kind(cfg, {n: "q4_1" for n in BLOCK_LINEARS}), kv_type="q8_0"),
+                             CudaTarget()) for cfg in (PRESETS["tiny-d32"], FORMAT_CFG)]
+    return kinds + [k.decode_variant() for k in kinds]
+
+
+def kv_model_preset(kv_type: str) -> str:
+    """The random model the GPU tests load at `kv_type`: tiny, or tiny-d32 for q8_0 (its blocks of 32 need
+    the head dim 32; conftest's tiny_d32)."""
+    return "tiny-d32" if kv_type == "q8_0" else "tiny"
+
+
 def ragged_test_kinds(target, kv_type: str = DEFAULT_KV_TYPE):
     """The tiny model's ragged variants (batched steps) as a device of `target` runs them
-    (test_batched_cuda.py runs them on CUDA and compares with the host's), at the KV type it loads with."""
-    tiny = preset_layout("tiny", "q4_1").with_kv_type(kv_type)
+    (test_batched_cuda.py runs them on CUDA and compares with the host's), at the KV type it loads with
+    (q8_0: tiny-d32's)."""
+    tiny = preset_layout(kv_model_preset(kv_type), "q4_1").with_kv_type(kv_type)
     return [kind_for_target(k, target).ragged_variant() for k in [*tiny.block_kinds, tiny.head]]
 
 

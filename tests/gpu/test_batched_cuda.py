@@ -32,16 +32,20 @@ def _steps(model, histories: list[list[int]], steps: list[list[list[int]]]) -> l
     return out
 
 
-def test_ragged_steps_on_cuda_match_the_host(tiny_model, cache_dir):
+@pytest.mark.parametrize("model,kv_type", [("tiny_model", "f16"), ("tiny_d32", "q8_0")])
+def test_ragged_steps_on_cuda_match_the_host(model, kv_type, request, cache_dir):
+    """At the default f16 KV and at q8_0 (tiny-d32: the ragged append quantizes as the host's does)."""
     from jitllm.model import load
 
+    tiny_model = request.getfixturevalue(model)
     rng = np.random.default_rng(3)
     tokens = lambda n: [int(t) for t in rng.integers(4, 250, n)]  # noqa: E731
     histories = [tokens(9), tokens(37), tokens(14)]
     steps = [[tokens(20), tokens(1), tokens(1)],  # a chunk over positions 9..28 and two decode rows
              [tokens(1), tokens(1), tokens(1)]]
-    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
-    gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact")
+    host = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type=kv_type)
+    gpu = load(tiny_model, devices="cuda:0", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", gpu_kernels="exact",
+               kv_type=kv_type)
     assert all(u.device.name == "cuda:0" for u in (*gpu.executor.blocks, gpu.executor.head))
     want, got = _steps(host, histories, steps), _steps(gpu, histories, steps)
     for a, b in zip(got, want):

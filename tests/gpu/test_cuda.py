@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds
-from reference import block_forward, head_forward, paged_inputs, random_weights
+from kinds import f16_kv_test_kinds, format_test_kinds, gpu_test_kinds, q8_kv_test_kinds
+from reference import block_forward, head_forward, paged_inputs, pool_values, random_weights
 
 from jitllm.ir.blocks import activation_inputs, weight_inputs
 
@@ -23,14 +23,15 @@ TOL = 5e-5
 
 
 @pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22] + format_test_kinds()
-                         + f16_kv_test_kinds(),
+                         + f16_kv_test_kinds() + q8_kv_test_kinds(),
                          ids=lambda k: f"{k.kind}-{'+'.join(sorted({s.wtype for s in k.linears}))}"
                                        f"{'-decode' if k.decode else ''}{'-kv_' + k.kv_type if k.kv_type != 'f32' else ''}"
                                        f"{'-' + str(k.config.hidden) if k.kv_type != 'f32' else ''}")
 def test_block_kind_on_cuda(kind, cache_dir):
     """Every kind's kernels against numpy; bf16 and the 5/6-bit and K-quant formats (format_test_kinds)
     through their own decode matvecs, TE prefill linears and embedding gathers (kernels/cuda/wide.py); kinds
-    over an f16 KV pool (f16_kv_test_kinds: the reference reads the same f16 values, so the same TOL)."""
+    over an f16 KV pool (f16_kv_test_kinds: the reference reads the same f16 values, so the same TOL) and over
+    a q8_0 one (q8_kv_test_kinds: the reference dequantizes the same rows with gguf's Q8_0)."""
     from jitllm.lowering.cache import get_artifact
     from jitllm.lowering.targets.cuda import CudaTarget
     from jitllm.runtime.backends.cuda import cuda_arch
@@ -70,8 +71,14 @@ def test_block_kind_on_cuda(kind, cache_dir):
         if kind.decode:  # the decode main appends the step's K and V to the pages itself
             pages, past = inputs[names.index("pages")].numpy(), pasts[0]
             slot = feeds["page_table"][0, past // kind.page_size]
-            assert np.array_equal(pages[slot, 0, :, past % kind.page_size], got[1][0, 0].astype(pages.dtype))
-            assert np.array_equal(pages[slot, 1, :, past % kind.page_size], got[2][0, 0].astype(pages.dtype))
+            for two, new in ((0, got[1][0, 0]), (1, got[2][0, 0])):
+                row = pages[slot, two, :, past % kind.page_size]
+                if kind.kv_type == "q8_0":  # each value within half a step of its block's scale
+                    step = np.abs(new).reshape(*new.shape[:-1], -1, 32).max(-1, keepdims=True) / 127
+                    err = np.abs(pool_values(kind, row) - new).reshape(step.shape[:-1] + (32,))
+                    assert (err <= 0.5 * step * 1.002 + 1e-30).all(), (two, pasts)
+                else:
+                    assert np.array_equal(row, new.astype(pages.dtype))
 
 
 FAST_TOL = 3e-2
@@ -134,6 +141,21 @@ def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
     split = load(tiny_model, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", ctx=128, cache_dir=cache_dir,
                  cpu_kernels="exact", gpu_kernels="exact")
     assert split.generate_ids(prompt, 24) == host
+    split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
+    assert split.generate_ids(prompt, 24) == host
+
+
+def test_q8_0_kv_on_cuda_matches_the_host(tiny_d32, cache_dir):
+    """q8_0 pages on the GPU (the appends quantize as the host's do) give the host's greedy tokens, alone,
+    split, and through moves (q8_0 pages copied between the two pools)."""
+    from jitllm.model import load
+
+    prompt, opts = list(range(4, 30)), dict(ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="q8_0")
+    host = load(tiny_d32, devices="cpu", **opts).generate_ids(prompt, 24)
+    on_gpu = load(tiny_d32, devices="cuda:0", gpu_kernels="exact", **opts)
+    assert on_gpu.executor.pools["cuda:0"].dtype == "int8"
+    assert on_gpu.generate_ids(prompt, 24) == host
+    split = load(tiny_d32, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", gpu_kernels="exact", **opts)
     split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
     assert split.generate_ids(prompt, 24) == host
 

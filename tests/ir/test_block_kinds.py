@@ -22,6 +22,8 @@ from jitllm.runtime.backends.tvm_tensors import load_program
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 256, 512, 10000.0, 1e-5)
 K_CFG = ModelConfig("llama", 2, 256, 4, 2, 64, 256, 256, 512, 10000.0, 1e-5)
 """Inputs in multiples of 256, for the K-quants."""
+Q8_CFG = ModelConfig("llama", 2, 64, 2, 1, 32, 128, 256, 512, 10000.0, 1e-5)
+"""Head dim 32: q8_0 KV's blocks tile it."""
 VARIANTS = ("separate", "fused", "fused-decode", "fused-folded")
 NEWER_TYPES = ("bf16", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """Run in the kinds the llvm target compiles (fused, and its decode variant): their ONNX bodies are the
@@ -61,8 +63,16 @@ def test_decoder_block_over_an_f16_pool(variant, cache_dir):
     _check_decoder_block("q4_1", variant, cache_dir, "f16")
 
 
-def _check_decoder_block(wtype: str, variant: str, cache_dir, kv_type: str) -> None:
-    kind = dataclasses.replace(llama_block_kind(cfg_for(wtype), {n: wtype for n in BLOCK_LINEARS}), kv_type=kv_type)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decoder_block_over_a_q8_0_pool(variant, cache_dir):
+    """A q8_0 KV pool (head dim 32: one block per row): the reference bodies decode its quants and f16 scales
+    in ONNX ops, the llvm kernels in TIR; both match numpy over gguf's dequantization of the same rows."""
+    _check_decoder_block("q4_1", variant, cache_dir, "q8_0", Q8_CFG)
+
+
+def _check_decoder_block(wtype: str, variant: str, cache_dir, kv_type: str, cfg: ModelConfig | None = None) -> None:
+    kind = dataclasses.replace(llama_block_kind(cfg or cfg_for(wtype), {n: wtype for n in BLOCK_LINEARS}),
+                               kv_type=kv_type)
     if variant != "separate":
         kind = fused_kind(kind)
         assert [s.name for s in kind.linears] == ["attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"]

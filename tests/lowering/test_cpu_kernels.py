@@ -352,3 +352,54 @@ def test_append_and_page_kernels_store_the_pool_dtype(kv_type):
     other = tvm.runtime.tensor(np.zeros_like(pool))
     lib[IMPORT_PAGES](other, tvm.runtime.tensor(np.array([0, 5], np.int32)), out)
     assert np.array_equal(other.numpy()[[0, 5]], want[[4, 1]])
+
+
+def test_q8_0_append_attention_and_page_kernels():
+    """A q8_0 pool (head dim 64: two blocks a row): both appends quantize as gguf's Q8_0 does, bit for bit
+    (ties at .5 and an all-zero block among the rows); both attention kernels read d * q, matching numpy over
+    gguf's dequantization of the same pool; export and import move the rows' bytes unchanged."""
+    from reference import pool_rows, pool_values
+
+    from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
+    from jitllm.lowering.kernels.cpu.attention import (
+        _attention_serial,
+        append_kernel,
+        attention_kernel,
+        ragged_append_kernel,
+    )
+    from jitllm.lowering.kernels.cpu.pages import page_kernels
+
+    cfg = ModelConfig("llama", 1, 128, 2, 1, 64, 128, 100, 512, 1e4, 1e-5)
+    kind = BlockKind("llama", cfg, (), 4, kv_type="q8_0")
+    funcs = dict([append_kernel(kind), ragged_append_kernel(kind), attention_kernel(kind), _attention_serial(kind)])
+    lib = _build({**funcs, **page_kernels(kind)}, LlvmTarget("exact").tvm_target())
+    (s1, s2, s3, s4) = funcs
+    rng = np.random.default_rng(3)
+    pool = np.zeros((6, 2, 1, 4, 68), np.int8)
+    k = (rng.standard_normal((1, 5, 1, 64)) * 3).astype(np.float32)
+    k[0, 0, 0, :32] = 0
+    k[0, 1, 0, :32] = np.arange(32) / 2 - 8
+    v = rng.standard_normal((1, 5, 1, 64)).astype(np.float32)
+    pt, past = np.array([[4, 1]], np.int32), np.array([2], np.int32)
+    want = pool.copy()
+    for s in range(5):
+        pos = 2 + s
+        want[pt[0, pos // 4], 0, :, pos % 4] = pool_rows(kind, k[0, s])
+        want[pt[0, pos // 4], 1, :, pos % 4] = pool_rows(kind, v[0, s])
+    pages, ragged = tvm.runtime.tensor(pool), tvm.runtime.tensor(pool)
+    lib[s1](pages, *[tvm.runtime.tensor(a) for a in (k, v, pt, past)])
+    lib[s2](ragged, *[tvm.runtime.tensor(a) for a in (k, v, pt, past, np.array([0, 5], np.int32))])
+    assert np.array_equal(pages.numpy(), want) and np.array_equal(ragged.numpy(), want)
+    q = rng.standard_normal((1, 1, 2, 64)).astype(np.float32)
+    k1, v1 = (rng.standard_normal((1, 1, 1, 64)).astype(np.float32) for _ in range(2))
+    ref = _attention_reference(q, k1, v1, pool_values(kind, want), pt, np.array([7], np.int32), 2)
+    for symbol in (s3, s4):
+        out = tvm.runtime.tensor(np.zeros_like(q))
+        lib[symbol](*[tvm.runtime.tensor(a) for a in (q, k1, v1, want, pt, np.array([7], np.int32))], out)
+        assert np.abs(out.numpy() - ref).max() < 1e-5, symbol
+    out = tvm.runtime.tensor(np.zeros((2, 2, 1, 4, 68), np.int8))
+    lib[EXPORT_PAGES](pages, tvm.runtime.tensor(np.array([4, 1], np.int32)), out)
+    assert np.array_equal(out.numpy(), want[[4, 1]])
+    other = tvm.runtime.tensor(np.zeros_like(pool))
+    lib[IMPORT_PAGES](other, tvm.runtime.tensor(np.array([0, 5], np.int32)), out)
+    assert np.array_equal(other.numpy()[[0, 5]], want[[4, 1]])

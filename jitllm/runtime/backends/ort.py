@@ -10,6 +10,7 @@ Runtime device and a TVM one with its pages.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import RECURRENT
 from jitllm.ir.blocks import activation_inputs, block_type, weight_inputs
 from jitllm.ir.config import BlockKind
+from jitllm.ir.kv_quant import from_f32
 from jitllm.lowering.targets.onnxruntime import OnnxRuntimeTarget
 from jitllm.runtime.backends.base import BackendCaps, Layout
 from jitllm.runtime.device import Device
@@ -95,7 +97,8 @@ class OrtBackend:
         main = _Main(session, kind)
         if not page_kernels:
             return Program(main, None, None, None)
-        return Program(main, append_ragged_kv if kind.ragged else append_kv, export_pages, import_pages)
+        append = functools.partial(append_ragged_kv if kind.ragged else append_kv, kv_type=kind.kv_type)
+        return Program(main, append, export_pages, import_pages)
 
 
 class _Main:
@@ -115,20 +118,21 @@ class _Main:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def append_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table: np.ndarray, past: np.ndarray) -> None:
+def append_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table: np.ndarray, past: np.ndarray,
+              kv_type: str = "f32") -> None:
     """The new tokens' K and V [B, S, Hkv, D] into the pool at positions past[b] + s (page_table[b, pos // P],
-    slot pos % P)."""
+    slot pos % P), as a pool of `kv_type` stores them (jitllm.ir.kv_quant)."""
     batch, seq = k.shape[:2]
     page_size = pages.shape[3]
     positions = past.astype(np.int64)[:, None] + np.arange(seq)[None, :]  # [B, S]
     ids = np.take_along_axis(page_table.astype(np.int64), positions // page_size, axis=1)
     slots = positions % page_size
-    pages[ids, 0, :, slots, :] = k
-    pages[ids, 1, :, slots, :] = v
+    pages[ids, 0, :, slots, :] = from_f32(k, kv_type, pages.dtype)
+    pages[ids, 1, :, slots, :] = from_f32(v, kv_type, pages.dtype)
 
 
 def append_ragged_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table: np.ndarray, past: np.ndarray,
-                     seq_starts: np.ndarray) -> None:
+                     seq_starts: np.ndarray, kv_type: str = "f32") -> None:
     """A ragged step's new K and V [1, rows, Hkv, D]: sequence b's rows seq_starts[b] .. at its positions
     past[b] ..."""
     starts = seq_starts.astype(np.int64)
@@ -137,8 +141,8 @@ def append_ragged_kv(pages: np.ndarray, k: np.ndarray, v: np.ndarray, page_table
     page_size = pages.shape[3]
     ids = page_table.astype(np.int64)[seq, positions // page_size]
     slots = positions % page_size
-    pages[ids, 0, :, slots, :] = k[0]
-    pages[ids, 1, :, slots, :] = v[0]
+    pages[ids, 0, :, slots, :] = from_f32(k[0], kv_type, pages.dtype)
+    pages[ids, 1, :, slots, :] = from_f32(v[0], kv_type, pages.dtype)
 
 
 def export_pages(pages: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:

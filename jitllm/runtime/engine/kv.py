@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES
-from jitllm.ir.config import KV_DTYPES
 from jitllm.lowering.target import kv_type_on
 from jitllm.runtime.backends.host import HOST
 from jitllm.runtime.device import Device
@@ -16,20 +15,21 @@ from jitllm.runtime.engine.scheduler import initial_pages
 def pool(ex, device: Device) -> PagePool:
     """The device's page pool: room for its blocks at a quarter of the context, grown on demand up to the
     pages its KV budget holds (Device.kv_budget_bytes; none: as many as allocation gives), in the model's
-    KV type where the device's target stores it (else f32: kind_for_target gives its kinds the same)."""
+    KV type where the device's target stores it (else what kv_type_on falls back to: kind_for_target gives its
+    kinds the same)."""
     if device.name not in ex.pools:
         cfg, page = ex.layout.config, ex.layout.block_kinds[0].page_size
-        dtype = KV_DTYPES[kv_type_on(ex.layout.kv_type, device.target)]
+        kv_type = kv_type_on(ex.layout.kv_type, device.target)
         blocks_here = sum(1 for i in range(cfg.num_blocks) if ex._placement[i] is device)
         max_pages = None
         if device.kv_budget_bytes is not None:
             max_pages = (device.kv_budget_bytes - device.kv_bytes) // PagePool.bytes_per_page(cfg.kv_heads, page,
-                                                                                                cfg.head_dim, dtype)
+                                                                                                cfg.head_dim, kv_type)
             if max_pages < 1:
                 raise JitllmError(f"{device.name}: its KV budget holds no page ({device.kv_budget_bytes} bytes)")
         first = initial_pages(blocks_here, ex.ctx, page)
         ex.pools[device.name] = PagePool(device, first if max_pages is None else min(first, max_pages), cfg.kv_heads,
-                                         page, cfg.head_dim, max_pages, dtype)
+                                         page, cfg.head_dim, max_pages, kv_type)
     return ex.pools[device.name]
 
 

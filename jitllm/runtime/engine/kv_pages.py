@@ -1,8 +1,9 @@
 """Paged KV: a pool of fixed-size pages per device; each (block, session) owns a list of page ids.
 
 The bookkeeping (free list, page lists) is plain integers (scheduler.py); the pool tensor
-[num_pages, 2, kv_heads, page_size, head_dim] of the device's KV dtype (float32 or float16: the loaded kv
-type where its target stores it) lives on the device and is only touched by kernels.
+[num_pages, 2, kv_heads, page_size, row] of the device's KV type (f32, f16 or q8_0: the loaded kv type where
+its target stores it; a row is head_dim values, or q8_0's bytes, jitllm.ir.kv_quant) lives on the device and
+is only touched by kernels.
 A session's page-table tensors on one device are rows of one tensor (TableArena), uploaded together.
 """
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitllm.ir.config import KV_DTYPES
+from jitllm.ir.kv_quant import row_width
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.scheduler import PageAllocator, pages_for
@@ -25,20 +28,21 @@ class PagePool:
     reports pages, growing the tensor when the ids run out."""
 
     def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int,
-                 max_pages: int | None = None, dtype: str = "float32") -> None:
+                 max_pages: int | None = None, kv_type: str = "f32") -> None:
         self.device = device
         self.page_size = page_size
         self.max_pages = max_pages
-        self.dtype = dtype
-        self._page_shape = (2, kv_heads, page_size, head_dim)
-        self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim, dtype)
+        self.kv_type = kv_type
+        self.dtype = KV_DTYPES[kv_type]
+        self._page_shape = (2, kv_heads, page_size, row_width(kv_type, head_dim))
+        self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim, kv_type)
         self.pages: Tensor | None = None
         self.ids = PageAllocator()
         self._grow_to(num_pages)
 
     @staticmethod
-    def bytes_per_page(kv_heads: int, page_size: int, head_dim: int, dtype: str = "float32") -> int:
-        return 2 * kv_heads * page_size * head_dim * np.dtype(dtype).itemsize
+    def bytes_per_page(kv_heads: int, page_size: int, head_dim: int, kv_type: str = "f32") -> int:
+        return 2 * kv_heads * page_size * row_width(kv_type, head_dim) * np.dtype(KV_DTYPES[kv_type]).itemsize
 
     @property
     def num_pages(self) -> int:

@@ -6,7 +6,7 @@ afresh from the .jlm where the destination lays the unit out differently) and ev
 pages copied into the destination pool (each run of pages consecutive on both sides in one copy; many
 scattered pages gathered into one staging tensor, moved once and scattered by kernels; a GLA block's
 per-session state is copied into new tensors on the destination instead; pages between pools of two KV
-dtypes, f16 and a target's f32, go through the host and are converted there). Only then is the
+types (q8_0, f16, a target's f32) go through the host and are converted there). Only then is the
 unit switched over and the source's memory freed (its weights buffer kept for the next unit to arrive
 where the source has a weight pool, jitllm.runtime.backends.buffer_pool; the destination's came from
 its pool where one was kept); any failure before that undoes what was done, so the block keeps running
@@ -24,6 +24,7 @@ import numpy as np
 from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.ir.config import BlockKind
+from jitllm.ir.kv_quant import convert_pages
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine import units
 from jitllm.runtime.engine.kv_pages import PageTable
@@ -188,12 +189,12 @@ def same_packing(layout, index: int | str, old: BlockKind, new: BlockKind) -> bo
 
 def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source: Device, dest: Device) -> int:
     """Copy the pages listed in `old` into `new`'s pages on the destination (converted on the host where the
-    two pools store different dtypes)."""
+    two pools store different KV types, jitllm.ir.kv_quant.convert_pages)."""
     src_pool, dst_pool = old.pool, new.pool
     count = len(old.ids)
     runs = _joint_runs(old.ids, new.ids)
-    dtype = src_pool.dtype
-    if len(runs) <= DIRECT_RUNS and dtype == dst_pool.dtype:
+    dtype, same = src_pool.dtype, src_pool.kv_type == dst_pool.kv_type
+    if len(runs) <= DIRECT_RUNS and same:
         for first_old, first_new, run in runs:
             shape = (run, *src_pool.pages.shape[1:])
             rows = source.region(src_pool.pages, shape, dtype, first_old * src_pool.page_bytes)
@@ -202,10 +203,11 @@ def _copy_pages(src_program, dst_program, old: PageTable, new: PageTable, source
     shape = (count, *src_pool.pages.shape[1:])
     staged = source.empty(shape, dtype)
     src_program.export_pages(src_pool.pages, source.upload(np.asarray(old.ids, np.int32)), staged)
-    if dtype == dst_pool.dtype:
+    if same:
         moved = dest.receive(staged, source)
     else:
-        moved = dest.upload(source.download(staged).astype(dst_pool.dtype))
+        moved = dest.upload(convert_pages(source.download(staged), src_pool.kv_type, dst_pool.kv_type,
+                                          dst_pool.dtype))
     dst_program.import_pages(dst_pool.pages, dest.upload(np.asarray(new.ids, np.int32)), moved)
     return count * src_pool.page_bytes
 

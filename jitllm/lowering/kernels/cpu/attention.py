@@ -1,8 +1,9 @@
 """TIR kernels for paged attention and for appending new K/V into a page pool.
 
-The pool is [num_pages, 2, Hkv, P, D] (K at index 0, V at 1) of the kind's KV dtype (f32 or f16, read and
-written through kernels/kv_store.py; the arithmetic is f32); a sequence's page table row lists its page
-ids in position order, so position t lives at (page_table[b, t // P], t % P).
+The pool is [num_pages, 2, Hkv, P, row] (K at index 0, V at 1) of the kind's KV type (f32 or f16 rows of D
+values, or q8_0 rows of D quants and their scales: kind.kv_row; read and written through kernels/kv_store.py,
+the arithmetic is f32); a sequence's page table row lists its page ids in position order, so position t
+lives at (page_table[b, t // P], t % P).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import tvm
 from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
-from jitllm.lowering.kernels.kv_store import loaded, stored, vload
+from jitllm.lowering.kernels.kv_store import Q8, load, q8_row_store, stored, vload
 
 
 def _tile_macro(P: int, D: int, scale: float):
@@ -54,7 +55,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     running output per tile, then the weighted values. The running output lives in `out` itself and the
     running max / denominator in a scratch indexed by the work item, so nothing is allocated per item.
     f32 arithmetic throughout (both kernel families use it), whatever the pool stores."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if D % 8:
         return _attention_serial(kind)
@@ -96,7 +97,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
@@ -117,7 +118,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
     attention_kernel's online softmax over its own sequence's pages and earlier new rows, so a row's
     output is computed exactly as it is when its sequence runs alone. Rows are mapped to their sequence
     once per call (a serial pass over seq_starts). None for head dims the vector kernel does not take."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if D % 8:
         return None
@@ -160,7 +161,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
         q = T.match_buffer(q_h, (1, NR, H, D), "float32")
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         starts = T.match_buffer(starts_h, (B1,), "int32")
@@ -234,7 +235,7 @@ def _new_kv(b, kv, t0, j):
 
 def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """The scalar two-pass kernel (any head dim): serial over sequences, queries and heads."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     GROUP = H // HKV
     scale = 1.0 / (D ** 0.5)
@@ -251,7 +252,7 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
@@ -267,7 +268,7 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[2] = T.float32(0)
                         for dd in T.serial(D):
                             st[2] = st[2] + q[b, s, h, dd] * T.if_then_else(
-                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
+                                t < n, load(pages, [T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
                                 k[b, T.max(t - n, T.int64(0)), kv, dd])
                         st[0] = T.max(st[0], st[2] * T.float32(scale))
                     st[1] = T.float32(0)
@@ -277,13 +278,13 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         st[2] = T.float32(0)
                         for dd in T.serial(D):
                             st[2] = st[2] + q[b, s, h, dd] * T.if_then_else(
-                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
+                                t < n, load(pages, [T.Cast("int64", pt[b, t // P]), 0, kv, t % P, dd]),
                                 k[b, T.max(t - n, T.int64(0)), kv, dd])
                         st[2] = T.exp(st[2] * T.float32(scale) - st[0])
                         st[1] = st[1] + st[2]
                         for dd in T.serial(D):
                             acc[dd] = acc[dd] + st[2] * T.if_then_else(
-                                t < n, loaded(pages[T.Cast("int64", pt[b, t // P]), 1, kv, t % P, dd]),
+                                t < n, load(pages, [T.Cast("int64", pt[b, t // P]), 1, kv, t % P, dd]),
                                 v[b, T.max(t - n, T.int64(0)), kv, dd])
                     for dd in T.serial(D):
                         out[b, s, h, dd] = acc[dd] / st[1]
@@ -292,10 +293,12 @@ def _attention_serial(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 
 
 def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
-    """Write the S new K/V rows of each sequence at positions past[b] .. past[b]+S-1 (in place)."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    """Write the S new K/V rows of each sequence at positions past[b] .. past[b]+S-1 (in place; a q8_0
+    pool's rows quantized block by block)."""
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_kv_append_kv{HKV}_d{D}_p{P}"
+    store_row = q8_row_store(D)
 
     @T.prim_func
     def f(pages_h: T.handle, k_h: T.handle, v_h: T.handle, pt_h: T.handle, past_h: T.handle):
@@ -304,7 +307,7 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         S = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -312,9 +315,13 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         for b, s, h in T.grid(B, S, HKV):
             pos: T.let = T.Cast("int64", past[b]) + s
             page: T.let = T.Cast("int64", pt[b, pos // P])
-            for dd in T.vectorized(D):
-                pages[page, 0, h, pos % P, dd] = stored(k[b, s, h, dd], KV)
-                pages[page, 1, h, pos % P, dd] = stored(v[b, s, h, dd], KV)
+            if KV == Q8:
+                store_row(pages, page, 0, h, pos % P, k, b, s, h)
+                store_row(pages, page, 1, h, pos % P, v, b, s, h)
+            else:
+                for dd in T.vectorized(D):
+                    pages[page, 0, h, pos % P, dd] = stored(k[b, s, h, dd], KV)
+                    pages[page, 1, h, pos % P, dd] = stored(v[b, s, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)
 
@@ -322,9 +329,10 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """Write each sequence's new K/V rows (rows seq_starts[b] .. seq_starts[b+1]-1 of a ragged step) at its
     positions past[b] .. (in place)."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_kv_append_ragged_kv{HKV}_d{D}_p{P}"
+    store_row = q8_row_store(D)
 
     @T.prim_func
     def f(pages_h: T.handle, k_h: T.handle, v_h: T.handle, pt_h: T.handle, past_h: T.handle, starts_h: T.handle):
@@ -334,7 +342,7 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         B1 = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -345,8 +353,12 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 for h in T.serial(HKV):
                     pos: T.let = T.Cast("int64", past[b]) + t - T.Cast("int64", starts[b])
                     page: T.let = T.Cast("int64", pt[b, pos // P])
-                    for dd in T.vectorized(D):
-                        pages[page, 0, h, pos % P, dd] = stored(k[0, t, h, dd], KV)
-                        pages[page, 1, h, pos % P, dd] = stored(v[0, t, h, dd], KV)
+                    if KV == Q8:
+                        store_row(pages, page, 0, h, pos % P, k, 0, t, h)
+                        store_row(pages, page, 1, h, pos % P, v, 0, t, h)
+                    else:
+                        for dd in T.vectorized(D):
+                            pages[page, 0, h, pos % P, dd] = stored(k[0, t, h, dd], KV)
+                            pages[page, 1, h, pos % P, dd] = stored(v[0, t, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)

@@ -1,6 +1,7 @@
 """Page export/import kernels for the host: copy a block's KV pages out of a pool into one contiguous
 tensor, and into another pool at other page ids. Migration is export (source device) + one transfer + import.
-Pages travel in the pool's dtype (BlockKind.kv_type): conversion between pools of two dtypes is the caller's."""
+Pages travel in the pool's type and row layout (BlockKind.kv_type, kv_row): conversion between pools of two
+types is the caller's."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
 
 
 def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
-    HKV, D = c.kv_heads, c.head_dim
-    SHAPE = (2, HKV, P, D)
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
+    HKV = c.kv_heads
+    SHAPE = (2, HKV, P, W)
 
     @T.prim_func
     def export_pages(pages_h: T.handle, ids_h: T.handle, out_h: T.handle):
@@ -25,7 +26,7 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         ids = T.match_buffer(ids_h, (N,), "int32")
         out = T.match_buffer(out_h, (N, *SHAPE), KV)
         for i, two, h, p in T.grid(N, 2, HKV, P):
-            for dd in T.vectorized(D):
+            for dd in T.vectorized(W):
                 out[i, two, h, p, dd] = pages[T.Cast("int64", ids[i]), two, h, p, dd]
 
     @T.prim_func
@@ -37,7 +38,7 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         ids = T.match_buffer(ids_h, (N,), "int32")
         data = T.match_buffer(data_h, (N, *SHAPE), KV)
         for i, two, h, p in T.grid(N, 2, HKV, P):
-            for dd in T.vectorized(D):
+            for dd in T.vectorized(W):
                 pages[T.Cast("int64", ids[i]), two, h, p, dd] = data[i, two, h, p, dd]
 
     return {EXPORT_PAGES: export_pages.with_attr("global_symbol", EXPORT_PAGES),

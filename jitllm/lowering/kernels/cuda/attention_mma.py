@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.kernels.cuda.basic import shfl_xor
 from jitllm.lowering.kernels.cuda.gemm import ldmatrix, mma
-from jitllm.lowering.kernels.kv_store import loaded
+from jitllm.lowering.kernels.kv_store import load
 
 NT = 128  # 4 warps
 BQ, BKV = 64, 32  # queries per thread block, keys per step
@@ -49,7 +49,7 @@ def _load_kv(pages, k, v, pt, kv_r, b, kv, n, keys, k0, t, P, D, KI):
         col: T.let = e % (D // 4) * 4
         if pos < n:
             for x in T.vectorized(4):
-                kv_r[i * 4 + x] = loaded(pages[T.Cast("int64", pt[b, pos // P]), i // KI, kv, pos % P, col + x])
+                kv_r[i * 4 + x] = load(pages, [T.Cast("int64", pt[b, pos // P]), i // KI, kv, pos % P, col + x])
         elif i < KI:
             for x in T.vectorized(4):
                 kv_r[i * 4 + x] = k[b, pos - n, kv, col + x]
@@ -61,7 +61,7 @@ def _load_kv(pages, k, v, pt, kv_r, b, kv, n, keys, k0, t, P, D, KI):
 def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """The same signature and semantics as kernels_gpu.attention_kernel (q, k, v, pages, page table,
     past lengths, out)."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if not applies(kind):
         raise ValueError(f"head_dim {D} is not a multiple of 16 up to 128")
@@ -86,7 +86,7 @@ def mma_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")

@@ -21,7 +21,7 @@ from tvm.script import tirx as T
 from jitllm.core.layouts import QUANT_BLOCK, ROW_GROUP, WIDE_TYPES, weight_parts
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.kernels.formats import float_weight, union_parts, weight_value, without_params
-from jitllm.lowering.kernels.kv_store import loaded, stored
+from jitllm.lowering.kernels.kv_store import Q8, buffer_amax, load, store_q8_element, stored
 
 R = ROW_GROUP
 NT = 128  # threads per attention block: must be >= head_dim and a power of two
@@ -137,7 +137,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     keys it stages K and V in shared memory, each thread scores one query against 4 keys, one thread
     per query updates the online softmax, and each thread accumulates its output column for its
     queries. Keys past a query's position (and past the tile's last query) are skipped."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     GROUP = H // HKV
     scale = 1.0 / (D ** 0.5)
@@ -160,7 +160,7 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         q = T.match_buffer(q_h, (B, S, H, D), "float32")
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         out = T.match_buffer(out_h, (B, S, H, D), "float32")
@@ -204,9 +204,9 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                         pos: T.let = T.min(k0 + kr, keys - 1)
                         fresh: T.let = T.max(pos - n, T.int64(0))
                         page: T.let = T.Cast("int64", pt[b, T.min(pos, T.max(n - 1, T.int64(0))) // P])
-                        ks[kr * QPAD + e % D] = T.Select(pos < n, loaded(pages[page, 0, kv, pos % P, e % D]),
+                        ks[kr * QPAD + e % D] = T.Select(pos < n, load(pages, [page, 0, kv, pos % P, e % D]),
                                                          k[b, T.min(fresh, S - 1), kv, e % D])
-                        vs[kr * D + e % D] = T.Select(pos < n, loaded(pages[page, 1, kv, pos % P, e % D]),
+                        vs[kr * D + e % D] = T.Select(pos < n, load(pages, [page, 1, kv, pos % P, e % D]),
                                                       v[b, T.min(fresh, S - 1), kv, e % D])
                     T.tvm_storage_sync("shared")
                     qr: T.let = tx // (BKV // KPT)
@@ -255,7 +255,9 @@ def attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
 
 
 def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    """The new K/V rows into the pool (a q8_0 pool's: each thread its quant, its block's scale from the
+    block's 32 values it reads itself)."""
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_gpu_kv_append_kv{HKV}_d{D}_p{P}"
 
@@ -266,7 +268,7 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         S = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         k = T.match_buffer(k_h, (B, S, HKV, D), "float32")
         v = T.match_buffer(v_h, (B, S, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -278,8 +280,12 @@ def append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 h: T.let = bsh % HKV
                 pos: T.let = T.Cast("int64", past[b]) + s
                 page: T.let = T.Cast("int64", pt[b, pos // P])
-                pages[page, 0, h, pos % P, dd] = stored(k[b, s, h, dd], KV)
-                pages[page, 1, h, pos % P, dd] = stored(v[b, s, h, dd], KV)
+                if KV == Q8:
+                    store_q8_element(pages, page, 0, h, pos % P, dd, k[b, s, h, dd], buffer_amax(k, (b, s, h), dd), D)
+                    store_q8_element(pages, page, 1, h, pos % P, dd, v[b, s, h, dd], buffer_amax(v, (b, s, h), dd), D)
+                else:
+                    pages[page, 0, h, pos % P, dd] = stored(k[b, s, h, dd], KV)
+                    pages[page, 1, h, pos % P, dd] = stored(v[b, s, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)
 

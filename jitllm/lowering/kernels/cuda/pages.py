@@ -1,5 +1,5 @@
-"""Page export/import kernels for CUDA: one thread block per page row, one thread per head-dim value (see
-kernels/cpu/pages.py for what they do; pages travel in the pool's dtype)."""
+"""Page export/import kernels for CUDA: one thread block per page row, one thread per element of a row (a
+head-dim value, or a q8_0 row's byte; see kernels/cpu/pages.py for what they do; pages travel in the pool's type)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from jitllm.lowering import EXPORT_PAGES, IMPORT_PAGES
 
 
 def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
-    HKV, D = c.kv_heads, c.head_dim
-    ROW = 2 * HKV * P  # rows of D values per page
-    SHAPE = (2, HKV, P, D)
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
+    HKV = c.kv_heads
+    ROW = 2 * HKV * P  # rows of W elements (head_dim values, or q8_0's bytes) per page
+    SHAPE = (2, HKV, P, W)
 
     @T.prim_func
     def export_pages(pages_h: T.handle, ids_h: T.handle, out_h: T.handle):
@@ -25,7 +25,7 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         ids = T.match_buffer(ids_h, (N,), "int32")
         out = T.match_buffer(out_h, (N, *SHAPE), KV)
         for i in T.thread_binding(N * ROW, thread="blockIdx.x"):
-            for dd in T.thread_binding(T.int64(D), thread="threadIdx.x"):
+            for dd in T.thread_binding(T.int64(W), thread="threadIdx.x"):
                 out[i // ROW, i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd] = pages[
                     T.Cast("int64", ids[i // ROW]), i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd]
 
@@ -38,7 +38,7 @@ def page_kernels(kind: BlockKind) -> dict[str, tvm.tirx.PrimFunc]:
         ids = T.match_buffer(ids_h, (N,), "int32")
         data = T.match_buffer(data_h, (N, *SHAPE), KV)
         for i in T.thread_binding(N * ROW, thread="blockIdx.x"):
-            for dd in T.thread_binding(T.int64(D), thread="threadIdx.x"):
+            for dd in T.thread_binding(T.int64(W), thread="threadIdx.x"):
                 pages[T.Cast("int64", ids[i // ROW]), i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd] = data[
                     i // ROW, i % ROW // (HKV * P), i % (HKV * P) // P, i % P, dd]
 

@@ -18,13 +18,13 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.kernels.cuda.basic import BKV, BQ, NT
-from jitllm.lowering.kernels.kv_store import loaded, stored
+from jitllm.lowering.kernels.kv_store import Q8, buffer_amax, load, store_q8_element, stored
 
 
 def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | None:
     """RaggedPagedAttention: each session's rows as the causal queries of basic.attention_kernel over its
     own pages and its own new rows. None for head dims that do not divide NT."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     if D > NT or NT % D:
         return None
@@ -48,7 +48,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
         q = T.match_buffer(q_h, (1, NR, H, D), "float32")
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (B, MP), "int32")
         past = T.match_buffer(past_h, (B,), "int32")
         starts = T.match_buffer(starts_h, (B1,), "int32")
@@ -97,9 +97,9 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
                             pos: T.let = T.min(k0 + kr, keys - 1)
                             fresh: T.let = first + T.min(T.max(pos - n, T.int64(0)), S - 1)
                             page: T.let = T.Cast("int64", pt[b, T.min(pos, T.max(n - 1, T.int64(0))) // P])
-                            ks[kr * QPAD + e % D] = T.Select(pos < n, loaded(pages[page, 0, kv, pos % P, e % D]),
+                            ks[kr * QPAD + e % D] = T.Select(pos < n, load(pages, [page, 0, kv, pos % P, e % D]),
                                                              k[0, fresh, kv, e % D])
-                            vs[kr * D + e % D] = T.Select(pos < n, loaded(pages[page, 1, kv, pos % P, e % D]),
+                            vs[kr * D + e % D] = T.Select(pos < n, load(pages, [page, 1, kv, pos % P, e % D]),
                                                           v[0, fresh, kv, e % D])
                         T.tvm_storage_sync("shared")
                         qr: T.let = tx // (BKV // KPT)
@@ -150,7 +150,7 @@ def ragged_attention_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc] | 
 
 def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
     """Write each session's new K/V rows at its positions past[b] .. (in place)."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     HKV, D = c.kv_heads, c.head_dim
     symbol = f"jl_gpu_kv_append_ragged_kv{HKV}_d{D}_p{P}"
 
@@ -162,7 +162,7 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
         B1 = T.int64()
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         k = T.match_buffer(k_h, (1, NR, HKV, D), "float32")
         v = T.match_buffer(v_h, (1, NR, HKV, D), "float32")
         pt = T.match_buffer(pt_h, (B, MP), "int32")
@@ -180,7 +180,11 @@ def ragged_append_kernel(kind: BlockKind) -> tuple[str, tvm.tirx.PrimFunc]:
                 b: T.let = seq[0]
                 pos: T.let = T.Cast("int64", past[b]) + t - T.Cast("int64", starts[b])
                 page: T.let = T.Cast("int64", pt[b, pos // P])
-                pages[page, 0, h, pos % P, dd] = stored(k[0, t, h, dd], KV)
-                pages[page, 1, h, pos % P, dd] = stored(v[0, t, h, dd], KV)
+                if KV == Q8:  # (as basic.append_kernel)
+                    store_q8_element(pages, page, 0, h, pos % P, dd, k[0, t, h, dd], buffer_amax(k, (0, t, h), dd), D)
+                    store_q8_element(pages, page, 1, h, pos % P, dd, v[0, t, h, dd], buffer_amax(v, (0, t, h), dd), D)
+                else:
+                    pages[page, 0, h, pos % P, dd] = stored(k[0, t, h, dd], KV)
+                    pages[page, 1, h, pos % P, dd] = stored(v[0, t, h, dd], KV)
 
     return symbol, f.with_attr("global_symbol", symbol)

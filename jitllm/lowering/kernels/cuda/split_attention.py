@@ -36,7 +36,7 @@ from tvm.script import tirx as T
 
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.kernels.cuda.basic import await_previous_kernel, dependent_launch, release_next_kernel
-from jitllm.lowering.kernels.kv_store import loaded, stored
+from jitllm.lowering.kernels.kv_store import Q8, block_amax, load, store_q8_element, stored
 
 CHUNKS = 64  # chunks per KV head
 TILE = 32  # positions per shared-memory tile
@@ -84,7 +84,7 @@ def split_attention_kernel(kind: BlockKind, rotary: bool = False,
     jitllm.ir.ops' RotaryPagedAttention, q and the new k rotated as read), pages, page table, past and the
     arrival counters; outputs the workspace, the attention [1, 1, heads, head_dim] and, with `rotary`, the
     rotated k and v (the block's outputs too). `dependent`: launched dependent."""
-    c, P, KV = kind.config, kind.page_size, kind.kv_dtype
+    c, P, KV, W = kind.config, kind.page_size, kind.kv_dtype, kind.kv_row
     H, HKV, D = c.heads, c.kv_heads, c.head_dim
     G = H // HKV
     QD, KVD = H * D, HKV * D
@@ -120,8 +120,8 @@ def split_attention_kernel(kind: BlockKind, rotary: bool = False,
             e: T.let = i * NT + tx
             tc: T.let = T.max(T.min(base + e // D, n - 1), 0)
             page: T.let = pt[0, tc // P]
-            kl[i] = loaded(pages[page, 0, kv, tc % P, e % D])
-            vl[i] = loaded(pages[page, 1, kv, tc % P, e % D])
+            kl[i] = load(pages, [page, 0, kv, tc % P, e % D])
+            vl[i] = load(pages, [page, 1, kv, tc % P, e % D])
 
     @T.macro
     def tile_step(qkv, k, v, cos, sin, kl, vl, q_sh, k_sh, v_sh, sc4, sc, pr, resc, acc, tmp, run, kv, n, end,
@@ -225,7 +225,7 @@ def split_attention_kernel(kind: BlockKind, rotary: bool = False,
     def body(qkv, q, k, v, cos, sin, k_out, v_out, pages_h, pt_h, past, counters, ws, out):
         NP = T.int64()
         MP = T.int64()
-        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, D), KV)
+        pages = T.match_buffer(pages_h, (NP, 2, HKV, P, W), KV)
         pt = T.match_buffer(pt_h, (1, MP), "int32")
         for blk in T.thread_binding(HKV * CHUNKS, thread="blockIdx.x"):
             for tx in T.thread_binding(NT, thread="threadIdx.x"):
@@ -270,13 +270,25 @@ def split_attention_kernel(kind: BlockKind, rotary: bool = False,
                             if rotary:  # the rotated k and v are the block's outputs too
                                 kr: T.let = new_k(qkv, cos, sin, k, kv, e)
                                 vr: T.let = new_v(qkv, v, kv, e)
-                                pages[slot, 0, kv, n % P, e] = stored(kr, KV)
-                                pages[slot, 1, kv, n % P, e] = stored(vr, KV)
+                                if KV == Q8:  # (each thread its block's scale from the block's 32 values)
+                                    store_q8_element(pages, slot, 0, kv, n % P, e, kr,
+                                                     block_amax(new_k, (qkv, cos, sin, k, kv), e), D)
+                                    store_q8_element(pages, slot, 1, kv, n % P, e, vr,
+                                                     block_amax(new_v, (qkv, v, kv), e), D)
+                                else:
+                                    pages[slot, 0, kv, n % P, e] = stored(kr, KV)
+                                    pages[slot, 1, kv, n % P, e] = stored(vr, KV)
                                 k_out[0, 0, kv, e] = kr
                                 v_out[0, 0, kv, e] = vr
                             else:
-                                pages[slot, 0, kv, n % P, e] = stored(new_k(qkv, cos, sin, k, kv, e), KV)
-                                pages[slot, 1, kv, n % P, e] = stored(new_v(qkv, v, kv, e), KV)
+                                if KV == Q8:
+                                    store_q8_element(pages, slot, 0, kv, n % P, e, new_k(qkv, cos, sin, k, kv, e),
+                                                     block_amax(new_k, (qkv, cos, sin, k, kv), e), D)
+                                    store_q8_element(pages, slot, 1, kv, n % P, e, new_v(qkv, v, kv, e),
+                                                     block_amax(new_v, (qkv, v, kv), e), D)
+                                else:
+                                    pages[slot, 0, kv, n % P, e] = stored(new_k(qkv, cos, sin, k, kv, e), KV)
+                                    pages[slot, 1, kv, n % P, e] = stored(new_v(qkv, v, kv, e), KV)
                 # chunks past the history (most of them at short histories: 64 per KV head, 32 positions
                 # at least each) do nothing more: neither counted nor merged
                 if chunk < used:

@@ -214,6 +214,8 @@ class Engine:
 
             self.cache = PrefixCache(self.model.executor, self.settings.cache_sessions, self.settings.cache_bytes)
             self._batching = self.settings.parallel > 1 and batchable(self.model.executor)
+            if self._batching:
+                compile_ragged(self.model.executor)
         except Exception as e:  # noqa: BLE001 (a load that fails for any reason ends the server in one line)
             self.stage = f"failed: {e}"
             self.on_failure(str(e) if isinstance(e, JitllmError) else f"{type(e).__name__}: {e}")
@@ -535,6 +537,16 @@ def _unfed(slot: Slot, count: int) -> list[int]:
         return slot.generated[at - len(prompt):at - len(prompt) + count]
     head = prompt[at:at + count]
     return head + slot.generated[:count - len(head)]
+
+
+def compile_ragged(executor) -> None:
+    """Load (compiling where the cache lacks them) the ragged variants of every unit where it is, before /health
+    says ready: otherwise the first turn with two busy slots compiles them while every stream waits (measured on
+    SmolLM2 with a cold cache: 18.5 s, one block kind and the head)."""
+    from jitllm.runtime.engine.batched import ragged_program
+
+    for unit in (*executor.blocks, executor.head):
+        ragged_program(executor, unit)
 
 
 def batchable(executor) -> bool:

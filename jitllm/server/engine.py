@@ -33,6 +33,7 @@ from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.runtime.sampling import Sampler, SamplingParams
 from jitllm.server.errors import ApiError
 from jitllm.server.metrics import Metrics
+from jitllm.server.step_cost import StepCost
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ class EngineSettings:
     """Print every message of the load (-v: the plan too), not only compile, cache, move and fallback events."""
     token_budget: int = 512
     """Tokens per batched step (decoding slots one each, prompt chunks in the rest)."""
+    prefill_stretch: float = 1.5
+    """A step with prompt chunks beside decoding slots is kept within this many times a decode-only step's
+    time (step_cost.py: what a decoding stream's inter-token latency may stretch to); 0: only `token_budget`."""
 
 
 class Engine:
@@ -148,6 +152,7 @@ class Engine:
         self._slots: list[Slot] = []
         self._admissions = 0
         self._batching = False
+        self._costs = StepCost()
         """The model's blocks take batched steps (engine/batched.py: KV-page blocks on targets with ragged
         kernels); found once it is loaded."""
         self._thread = threading.Thread(target=self._run, name="jitllm-engine", daemon=True)
@@ -338,13 +343,17 @@ class Engine:
         plans = [SequencePlan(i, _history_length(slot), slot.session.length,
                               decoding=bool(slot.generated) and _history_length(slot) - slot.session.length == 1)
                  for i, slot in enumerate(running)]
-        plan = plan_step(plans, self.settings.token_budget, len(plans))
         page = self.model.executor.layout.block_kinds[0].page_size
+        budget, decoding = self.settings.token_budget, sum(p.decoding for p in plans)
+        if decoding and self.settings.prefill_stretch:
+            budget = min(budget, decoding + self._costs.prompt_room(decoding, self.settings.prefill_stretch, page))
+        plan = plan_step(plans, budget, len(plans))
         plan = [(i, _page_aligned(running[i], count, page)) for i, count in plan]
         work = self._make_room([(running[i], _unfed(running[i], count), plans[i].decoding) for i, count in plan])
         if not work:
             return
         ex = self.model.executor
+        began = time.perf_counter()
         try:
             logits = ex.batched_forward([(slot.session, ids) for slot, ids in work])
         except DeviceFault as fault:
@@ -356,6 +365,7 @@ class Engine:
             for slot, _ in work:
                 self._fail(slot, str(e))
             return
+        self._costs.observe(sum(len(ids) for _, ids in work), time.perf_counter() - began)
         self.metrics.batched_steps.inc()
         self.metrics.batched_rows.inc(len(work))
         for (slot, _), row in zip(work, logits):

@@ -25,7 +25,7 @@ import traceback
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 
@@ -145,6 +145,9 @@ class Engine:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self._calls: deque[tuple[Callable, Future]] = deque()
+        self._posted_pieces: deque[tuple[Callable, Future]] = deque()
+        self._pieces: deque[tuple[Generator, Future]] = deque()
+        """Work done a piece per turn (call_in_pieces), oldest first."""
         self._outstanding = 0
         """Jobs queued or in a slot (the bound of `submit`)."""
         self.accepting = True
@@ -189,6 +192,18 @@ class Engine:
             if not self.ready:
                 raise ApiError(503, f"model {self.stage}")
             self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def call_in_pieces(self, fn: Callable[[object], Generator]) -> Future:
+        """Like `call`, for work done in pieces: the generator `fn(model)` is advanced by one item each turn,
+        between two steps (a live move, a unit a turn: a step never waits for a whole move); its return value
+        (or exception) in the future. Pieces of a later call wait for the earlier call to end."""
+        future: Future = Future()
+        with self._cond:
+            if not self.ready:
+                raise ApiError(503, f"model {self.stage}")
+            self._posted_pieces.append((fn, future))
             self._cond.notify()
         return future
 
@@ -241,13 +256,21 @@ class Engine:
         """The loop (the module docstring), until `stop`; the slots still busy then are cancelled."""
         while True:
             with self._cond:
-                while not (self._stopping or self._calls or self._slots or self._queue):
+                while not (self._stopping or self._calls or self._posted_pieces or self._pieces or self._slots
+                           or self._queue):
                     self._cond.wait()
                 if self._stopping:
                     break
                 calls, self._calls = list(self._calls), deque()
+                posted, self._posted_pieces = list(self._posted_pieces), deque()
             for fn, future in calls:
                 self._answer(fn, future)
+            for fn, future in posted:
+                try:
+                    self._pieces.append((fn(self.model), future))
+                except Exception as e:  # noqa: BLE001 (handed to the handler that asked)
+                    future.set_exception(e)
+            self._advance_pieces()
             self._resume_spilled()
             self._admit()
             running = [slot for slot in self._slots if slot.spilled is None]
@@ -261,6 +284,22 @@ class Engine:
             self.metrics.observe_kv(self.model.executor, self.cache)
         for slot in list(self._slots):
             self._finish(slot, "cancelled")
+        while self._pieces:  # (a move under way is finished: all or nothing)
+            self._advance_pieces()
+
+    def _advance_pieces(self) -> None:
+        """One piece of the oldest work done in pieces; its future is answered when it ends."""
+        if not self._pieces:
+            return
+        pieces, future = self._pieces[0]
+        try:
+            next(pieces)
+            return
+        except StopIteration as end:
+            future.set_result(end.value)
+        except Exception as e:  # noqa: BLE001 (handed to the handler that asked)
+            future.set_exception(e)
+        self._pieces.popleft()
 
     def _answer(self, fn: Callable, future: Future) -> None:
         try:

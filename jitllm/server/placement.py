@@ -1,7 +1,9 @@
 """GET and POST /v1/placement, run on the engine thread: where each unit is now (the plan's pins and the
-devices' budgets with it), and moves applied between two steps with every session's pages."""
+devices' budgets with it), and moves applied a unit at a time between two steps with every session's pages."""
 
 from __future__ import annotations
+
+from collections.abc import Generator
 
 from jitllm.server.metrics import Metrics
 
@@ -20,11 +22,16 @@ def describe(model) -> dict:
     return {"units": units, "devices": devices, "plan": plan.describe()}
 
 
-def move(model, spec: str, metrics: Metrics) -> dict:
-    """Apply `SEL=TARGET,...` all or nothing (a JitllmError names what is wrong and nothing has moved)."""
-    from jitllm.runtime.engine.migration import move_units  # (the engine's modules import TVM: not at start-up)
+def move(model, spec: str, metrics: Metrics) -> Generator[None, None, dict]:
+    """Apply `SEL=TARGET,...` all or nothing, a unit per engine turn (Engine.call_in_pieces: the streams step
+    between two units); a JitllmError names what is wrong, and nothing has moved then (what had moved is moved
+    back). Returns the moves and the placement after them."""
+    from jitllm.runtime.engine.migration import apply_moves, planned_moves  # (they import TVM: not at start-up)
 
-    reports = move_units(model, spec)
+    reports = []
+    for report in apply_moves(model, planned_moves(model, spec)):
+        reports.append(report)
+        yield
     metrics.moves.inc(len(reports))
     metrics.moved_bytes.inc(sum(r.weight_bytes + r.kv_bytes + r.state_bytes for r in reports))
     return {"moves": [{"unit": str(r.unit), "from": r.source, "to": r.dest, "weight_bytes": r.weight_bytes,

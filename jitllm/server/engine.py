@@ -165,6 +165,11 @@ class Engine:
     def ready(self) -> bool:
         return self.stage == "ready"
 
+    @property
+    def batching(self) -> bool:
+        """Whether two or more busy slots share batched steps (known once the model is loaded)."""
+        return self._batching
+
     # -- the handlers' side ------------------------------------------------------------------------
     def start(self) -> None:
         self.stage = "loading"

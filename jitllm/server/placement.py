@@ -22,14 +22,23 @@ def describe(model) -> dict:
     return {"units": units, "devices": devices, "plan": plan.describe()}
 
 
-def move(model, spec: str, metrics: Metrics) -> Generator[None, None, dict]:
+def move(model, spec: str, metrics: Metrics, batched: bool = False) -> Generator[None, None, dict]:
     """Apply `SEL=TARGET,...` all or nothing, a unit per engine turn (Engine.call_in_pieces: the streams step
     between two units); a JitllmError names what is wrong, and nothing has moved then (what had moved is moved
-    back). Returns the moves and the placement after them."""
+    back). First, a unit a turn, the moving units' programs are loaded on their destinations (and their
+    ragged variants, for a model in `batched` steps), so that the turn of a device's first unit does not
+    also load its kinds there. Returns the moves and the placement after them."""
     from jitllm.runtime.engine.migration import apply_moves, planned_moves  # (they import TVM: not at start-up)
 
+    ex = model.executor
+    plan = planned_moves(model, spec)
+    for index, dest, _ in plan:
+        kind = ex.placed(index, dest)[0]
+        if batched and dest.target.caps.ragged_batches:
+            ex.program(kind.ragged_variant(), dest)
+        yield
     reports = []
-    for report in apply_moves(model, planned_moves(model, spec)):
+    for report in apply_moves(model, plan):
         reports.append(report)
         yield
     metrics.moves.inc(len(reports))

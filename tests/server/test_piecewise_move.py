@@ -67,7 +67,7 @@ def test_a_move_goes_a_unit_per_turn_while_streams_step(tiny_model, cache_dir):
             if isinstance(event, Token):
                 tokens[i].append(event.id)
                 if i == 0 and len(tokens[0]) == 5:
-                    moved.append(engine.call_in_pieces(lambda m: placement.move(m, SPEC, metrics)))
+                    moved.append(engine.call_in_pieces(lambda m: placement.move(m, SPEC, metrics, engine.batching)))
             else:
                 assert isinstance(event, Finished), event
                 done[i].set()
@@ -98,7 +98,10 @@ def test_a_unit_failing_mid_move_sends_back_those_moved(tiny_model, cache_dir):
     model = loaded(tiny_model, cache_dir, sim)
     session = model.executor.new_session()
     model.executor.forward(session, [5, 6, 7, 8, 9])
-    pieces = placement.move(model, SPEC, Metrics())
+    pieces = placement.move(model, SPEC, Metrics(), batched=True)
+    for _ in range(3):  # (first the three units' programs on sim:0, a turn each)
+        next(pieces)
+    assert where(model) == ["host", "host", "host"]
     next(pieces)
     assert where(model) == ["sim:0", "host", "host"]
     sim.backend.faults.alloc = True

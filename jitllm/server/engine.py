@@ -5,8 +5,10 @@ Each turn of the loop runs the calls posted since the last turn, admits waiting 
 session from the prefix cache each), then moves every busy slot on: with two or more busy and a model
 whose blocks take batched steps, one batched step for all of them (each decoding slot one token, prompts
 in chunks beside them: docs/batching.md); with one (or a model that cannot batch), its batch-1 step
-(pipelined greedy decode where it can). Every stream moves on a token per turn. Jobs beyond the busy
-slots wait in a bounded queue; a full queue is a 429, never a drop.
+(pipelined greedy decode where it can). Every stream moves on a token per turn. While slots decode, the
+prompt chunks beside them are sized by the learnt step cost (step_cost.py) so that a step carrying a prompt
+stays within `prefill_stretch` decode steps. Work posted in pieces (a live move, a unit a turn) advances one
+piece per turn. Jobs beyond the busy slots wait in a bounded queue; a full queue is a 429, never a drop.
 
 Where a device's KV pool is full, the prefix cache's idle sessions are closed first (least recently used
 first); then, in batched turns, a prompt chunk waits and a decoding slot spills the slot admitted last to
@@ -155,9 +157,10 @@ class Engine:
         self._slots: list[Slot] = []
         self._admissions = 0
         self._batching = False
-        self._costs = StepCost()
         """The model's blocks take batched steps (engine/batched.py: KV-page blocks on targets with ragged
         kernels); found once it is loaded."""
+        self._costs = StepCost()
+        """What a batched step costs, learnt as they run: it sizes the prompt chunks beside decoding slots."""
         self._thread = threading.Thread(target=self._run, name="jitllm-engine", daemon=True)
         self.on_failure: Callable[[str], None] = lambda message: None
 

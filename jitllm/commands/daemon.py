@@ -45,9 +45,11 @@ def _size(value: str | None, flag: str) -> int | None:
 @opt("cache-kv", "cache_kv", default="2G", show_default=True, help="KV bytes the kept sessions may hold")
 @opt("ub", "token_budget", type=click.IntRange(min=1), default=512, show_default=True,
      help="tokens per batched step (decoding slots one each, prompt chunks in the rest)")
+@opt("prefill-stretch", "prefill_stretch", type=click.FloatRange(min=0), default=1.5, show_default=True,
+     help="keep a step with prompt chunks beside decoding slots within this many decode steps' time (0: off)")
 @placement_options(devices="cpu")
 def serve(model_path, host, port, parallel, queue_size, alias, api_key, insecure, cache_sessions, cache_kv,
-          token_budget, **flags) -> None:
+          token_budget, prefill_stretch, **flags) -> None:
     """Serve MODEL (default: the built-in SmolLM2-135M-Instruct) over OpenAI's chat and completions API."""
     from jitllm.default_model import MODEL_NAME
     from jitllm.runtime.placement import parse_placement
@@ -62,7 +64,7 @@ def serve(model_path, host, port, parallel, queue_size, alias, api_key, insecure
         raise click.UsageError(f"-cache-sessions {cache_sessions} is fewer than the -parallel {parallel} slots")
     model_id = alias or Path(model_path or MODEL_NAME).stem
     settings = EngineSettings(parallel, queue_size, cache_sessions, _size(cache_kv, "-cache-kv"), flags["verbose"],
-                              token_budget)
+                              token_budget, prefill_stretch)
     run_server(lambda log: load_model(model_path, flags, log=log),
                ServeOptions(model_id, host, port, api_key, insecure, settings))
 

@@ -171,7 +171,9 @@ class Server:
             raise ApiError(400, "'moves' must be a string of SEL=TARGET entries, e.g. \"0-3=host,head=cuda:0\"",
                            param="moves")
         try:
-            moved = await asyncio.wrap_future(self.engine.call(lambda model: placement.move(model, spec, self.metrics)))
+            moving = self.engine.call_in_pieces(lambda model: placement.move(model, spec, self.metrics,
+                                                                              self.engine.batching))
+            moved = await asyncio.wrap_future(moving)
         except JitllmError as e:
             raise ApiError(400, str(e), param="moves") from None
         return JSONResponse(moved)

@@ -5,8 +5,10 @@ Each turn of the loop runs the calls posted since the last turn, admits waiting 
 session from the prefix cache each), then moves every busy slot on: with two or more busy and a model
 whose blocks take batched steps, one batched step for all of them (each decoding slot one token, prompts
 in chunks beside them: docs/batching.md); with one (or a model that cannot batch), its batch-1 step
-(pipelined greedy decode where it can). Every stream moves on a token per turn. Jobs beyond the busy
-slots wait in a bounded queue; a full queue is a 429, never a drop.
+(pipelined greedy decode where it can). Every stream moves on a token per turn. While slots decode, the
+prompt chunks beside them are sized by the learnt step cost (step_cost.py) so that a step carrying a prompt
+stays within `prefill_stretch` decode steps. Work posted in pieces (a live move, a unit a turn) advances one
+piece per turn. Jobs beyond the busy slots wait in a bounded queue; a full queue is a 429, never a drop.
 
 Where a device's KV pool is full, the prefix cache's idle sessions are closed first (least recently used
 first); then, in batched turns, a prompt chunk waits and a decoding slot spills the slot admitted last to
@@ -25,7 +27,7 @@ import traceback
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from jitllm.core.errors import DeviceFault, JitllmError
 from jitllm.runtime.sampling import Sampler, SamplingParams
 from jitllm.server.errors import ApiError
 from jitllm.server.metrics import Metrics
+from jitllm.server.step_cost import StepCost
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ class EngineSettings:
     """Print every message of the load (-v: the plan too), not only compile, cache, move and fallback events."""
     token_budget: int = 512
     """Tokens per batched step (decoding slots one each, prompt chunks in the rest)."""
+    prefill_stretch: float = 1.5
+    """A step with prompt chunks beside decoding slots is kept within this many times a decode-only step's
+    time (step_cost.py: what a decoding stream's inter-token latency may stretch to); 0: only `token_budget`."""
 
 
 class Engine:
@@ -141,6 +147,9 @@ class Engine:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self._calls: deque[tuple[Callable, Future]] = deque()
+        self._posted_pieces: deque[tuple[Callable, Future]] = deque()
+        self._pieces: deque[tuple[Generator, Future]] = deque()
+        """Work done a piece per turn (call_in_pieces), oldest first."""
         self._outstanding = 0
         """Jobs queued or in a slot (the bound of `submit`)."""
         self.accepting = True
@@ -150,12 +159,19 @@ class Engine:
         self._batching = False
         """The model's blocks take batched steps (engine/batched.py: KV-page blocks on targets with ragged
         kernels); found once it is loaded."""
+        self._costs = StepCost()
+        """What a batched step costs, learnt as they run: it sizes the prompt chunks beside decoding slots."""
         self._thread = threading.Thread(target=self._run, name="jitllm-engine", daemon=True)
         self.on_failure: Callable[[str], None] = lambda message: None
 
     @property
     def ready(self) -> bool:
         return self.stage == "ready"
+
+    @property
+    def batching(self) -> bool:
+        """Whether two or more busy slots share batched steps (known once the model is loaded)."""
+        return self._batching
 
     # -- the handlers' side ------------------------------------------------------------------------
     def start(self) -> None:
@@ -187,6 +203,18 @@ class Engine:
             self._cond.notify()
         return future
 
+    def call_in_pieces(self, fn: Callable[[object], Generator]) -> Future:
+        """Like `call`, for work done in pieces: the generator `fn(model)` is advanced by one item each turn,
+        between two steps (a live move, a unit a turn: a step never waits for a whole move); its return value
+        (or exception) in the future. Pieces of a later call wait for the earlier call to end."""
+        future: Future = Future()
+        with self._cond:
+            if not self.ready:
+                raise ApiError(503, f"model {self.stage}")
+            self._posted_pieces.append((fn, future))
+            self._cond.notify()
+        return future
+
     def stop_admitting(self) -> None:
         """SIGTERM: new requests get 503 and queued jobs fail at the engine's next turn; the slots' streams
         finish. (Called from a signal handler: it only sets a flag.)"""
@@ -214,6 +242,8 @@ class Engine:
 
             self.cache = PrefixCache(self.model.executor, self.settings.cache_sessions, self.settings.cache_bytes)
             self._batching = self.settings.parallel > 1 and batchable(self.model.executor)
+            if self._batching:
+                compile_ragged(self.model.executor)
         except Exception as e:  # noqa: BLE001 (a load that fails for any reason ends the server in one line)
             self.stage = f"failed: {e}"
             self.on_failure(str(e) if isinstance(e, JitllmError) else f"{type(e).__name__}: {e}")
@@ -234,13 +264,21 @@ class Engine:
         """The loop (the module docstring), until `stop`; the slots still busy then are cancelled."""
         while True:
             with self._cond:
-                while not (self._stopping or self._calls or self._slots or self._queue):
+                while not (self._stopping or self._calls or self._posted_pieces or self._pieces or self._slots
+                           or self._queue):
                     self._cond.wait()
                 if self._stopping:
                     break
                 calls, self._calls = list(self._calls), deque()
+                posted, self._posted_pieces = list(self._posted_pieces), deque()
             for fn, future in calls:
                 self._answer(fn, future)
+            for fn, future in posted:
+                try:
+                    self._pieces.append((fn(self.model), future))
+                except Exception as e:  # noqa: BLE001 (handed to the handler that asked)
+                    future.set_exception(e)
+            self._advance_pieces()
             self._resume_spilled()
             self._admit()
             running = [slot for slot in self._slots if slot.spilled is None]
@@ -254,6 +292,22 @@ class Engine:
             self.metrics.observe_kv(self.model.executor, self.cache)
         for slot in list(self._slots):
             self._finish(slot, "cancelled")
+        while self._pieces:  # (a move under way is finished: all or nothing)
+            self._advance_pieces()
+
+    def _advance_pieces(self) -> None:
+        """One piece of the oldest work done in pieces; its future is answered when it ends."""
+        if not self._pieces:
+            return
+        pieces, future = self._pieces[0]
+        try:
+            next(pieces)
+            return
+        except StopIteration as end:
+            future.set_result(end.value)
+        except Exception as e:  # noqa: BLE001 (handed to the handler that asked)
+            future.set_exception(e)
+        self._pieces.popleft()
 
     def _answer(self, fn: Callable, future: Future) -> None:
         try:
@@ -336,13 +390,17 @@ class Engine:
         plans = [SequencePlan(i, _history_length(slot), slot.session.length,
                               decoding=bool(slot.generated) and _history_length(slot) - slot.session.length == 1)
                  for i, slot in enumerate(running)]
-        plan = plan_step(plans, self.settings.token_budget, len(plans))
         page = self.model.executor.layout.block_kinds[0].page_size
+        budget, decoding = self.settings.token_budget, sum(p.decoding for p in plans)
+        if decoding and self.settings.prefill_stretch:
+            budget = min(budget, decoding + self._costs.prompt_room(decoding, self.settings.prefill_stretch, page))
+        plan = plan_step(plans, budget, len(plans))
         plan = [(i, _page_aligned(running[i], count, page)) for i, count in plan]
         work = self._make_room([(running[i], _unfed(running[i], count), plans[i].decoding) for i, count in plan])
         if not work:
             return
         ex = self.model.executor
+        began = time.perf_counter()
         try:
             logits = ex.batched_forward([(slot.session, ids) for slot, ids in work])
         except DeviceFault as fault:
@@ -354,6 +412,7 @@ class Engine:
             for slot, _ in work:
                 self._fail(slot, str(e))
             return
+        self._costs.observe(sum(len(ids) for _, ids in work), time.perf_counter() - began)
         self.metrics.batched_steps.inc()
         self.metrics.batched_rows.inc(len(work))
         for (slot, _), row in zip(work, logits):
@@ -535,6 +594,16 @@ def _unfed(slot: Slot, count: int) -> list[int]:
         return slot.generated[at - len(prompt):at - len(prompt) + count]
     head = prompt[at:at + count]
     return head + slot.generated[:count - len(head)]
+
+
+def compile_ragged(executor) -> None:
+    """Load (compiling where the cache lacks them) the ragged variants of every unit where it is, before /health
+    says ready: otherwise the first turn with two busy slots compiles them while every stream waits (measured on
+    SmolLM2 with a cold cache: 18.5 s, one block kind and the head)."""
+    from jitllm.runtime.engine.batched import ragged_program
+
+    for unit in (*executor.blocks, executor.head):
+        ragged_program(executor, unit)
 
 
 def batchable(executor) -> bool:

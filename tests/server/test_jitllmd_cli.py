@@ -28,6 +28,7 @@ def test_help_lists_the_verbs(cache_dir):
     (("-parallel", "0"), "0"),
     (("-queue", "many"), "many"),
     (("-cache-kv", "lots"), "lots"),
+    (("-prefill-stretch", "-1"), "-1"),
     (("-cache-sessions", "2", "-parallel", "4"), "fewer"),
     (("-placement", "3-1=host"), "backwards"),
     (("-bogus",), "-bogus"),

@@ -26,7 +26,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.ir.config import BlockKind
 from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.backends.base import Backend, BackendCaps, Layout, Tensor
-from jitllm.runtime.backends.tvm_tensors import TvmBackend
+from jitllm.runtime.backends.tvm_tensors import HOST_ALLOCATOR, TvmBackend
 from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
 
@@ -40,7 +40,7 @@ def simulated_device(name: str, budget_bytes: int | None = None, kernels: str = 
     """A device of its own accounting that computes on the host with the `kernels` family; `graphs`:
     its decode steps are captured and replayed (ReplayRecorder, whose replays call the programs again, so
     an injected launch fault reaches them too). Faults can be injected (`.backend.faults`)."""
-    device = with_faults(Device(name, TvmBackend("sim", tvm.cpu(0), CAPS), LlvmTarget(kernels), budget_bytes))
+    device = with_faults(Device(name, TvmBackend("sim", tvm.cpu(0), CAPS, HOST_ALLOCATOR), LlvmTarget(kernels), budget_bytes))
     device.graphs = ReplayRecorder() if graphs else None
     return device
 

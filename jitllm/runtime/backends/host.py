@@ -9,7 +9,7 @@ import tvm
 from jitllm.lowering.targets.llvm import LlvmTarget
 from jitllm.runtime.backends.base import BackendCaps
 from jitllm.runtime.backends.dlpack import data_pointer
-from jitllm.runtime.backends.tvm_tensors import TvmBackend
+from jitllm.runtime.backends.tvm_tensors import HOST_ALLOCATOR, TvmBackend
 from jitllm.runtime.device import Device
 
 HOST = "host"
@@ -25,7 +25,7 @@ def pool_size() -> int:
 def host_device(kernels: str = "exact") -> Device:
     """The host CPU; `kernels` is the CPU kernel family ("exact" f32 activations, "fast" int8 activations,
     see jitllm/lowering/targets/llvm.py)."""
-    return Device(HOST, TvmBackend("host", tvm.cpu(0), CAPS), LlvmTarget(kernels))
+    return Device(HOST, TvmBackend("host", tvm.cpu(0), CAPS, HOST_ALLOCATOR), LlvmTarget(kernels))
 
 
 def placed_by_address(place: Callable[[int, int], None]) -> Callable[[tvm.runtime.Tensor], None]:

@@ -17,11 +17,23 @@ from jitllm.runtime.backends.dlpack import aliases
 from jitllm.runtime.program import Program
 
 
-class TvmBackend:
-    """Tensors are tvm.runtime.Tensor on `tvm_device`; artifacts are TVM shared libraries run by its VM."""
+HOST_ALLOCATOR = "naive"
+"""The Relax VM allocator for programs whose tensors live in host memory. TVM's default, "pooled", keeps every
+freed buffer for a later request of the same (page-rounded) size and never gives any back, so a batched
+step's intermediates, whose sizes follow its row count, leave a buffer set behind for every row count the
+server has seen: measured on SmolLM2, 55 distinct row counts took RssAnon from 350 to 827 MiB with "pooled"
+and to 485 MiB with "naive" (malloc and free per buffer; the step times did not get worse), and jitllmd's
+RSS climbed through a soak as new row counts came (docs/server.md)."""
 
-    def __init__(self, name: str, tvm_device: tvm.runtime.Device, caps: BackendCaps) -> None:
-        self.name, self.tvm_device, self.caps = name, tvm_device, caps
+
+class TvmBackend:
+    """Tensors are tvm.runtime.Tensor on `tvm_device`; artifacts are TVM shared libraries run by its VM with
+    the `allocator` ("pooled": TVM's default, kept on CUDA, where a cudaMalloc per buffer would cost more than
+    the pool's memory; "naive": HOST_ALLOCATOR)."""
+
+    def __init__(self, name: str, tvm_device: tvm.runtime.Device, caps: BackendCaps,
+                 allocator: str = "pooled") -> None:
+        self.name, self.tvm_device, self.caps, self.allocator = name, tvm_device, caps, allocator
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> tvm.runtime.Tensor:
         return tvm.runtime.empty(shape, dtype, self.tvm_device)
@@ -62,17 +74,18 @@ class TvmBackend:
         self.tvm_device.sync()
 
     def load(self, path: Path, kind: BlockKind, page_kernels: bool) -> Program:
-        return load_program(path, self.tvm_device, page_kernels)
+        return load_program(path, self.tvm_device, page_kernels, self.allocator)
 
 
-def load_program(path: Path, device: tvm.runtime.Device, page_kernels: bool) -> Program:
-    """A TVM artifact on `device`; `page_kernels`: wanted for decoder kinds whose `main` leaves the append
-    to the runtime (a GPU decode variant's `main` appends itself, and moves use the general program's)."""
+def load_program(path: Path, device: tvm.runtime.Device, page_kernels: bool, allocator: str = "pooled") -> Program:
+    """A TVM artifact on `device`, run by a VM with `allocator` (TvmBackend); `page_kernels`: wanted for
+    decoder kinds whose `main` leaves the append to the runtime (a GPU decode variant's `main` appends itself,
+    and moves use the general program's)."""
     try:
         module = tvm.runtime.load_module(str(path))
     except Exception as e:  # TVM raises its own error types; any failure here means an unusable artifact
         raise JitllmError(f"cannot load compiled artifact {path}: {str(e).splitlines()[0]}") from None
-    vm = tvm.runtime.vm.VirtualMachine(module, device)
+    vm = tvm.runtime.vm.VirtualMachine(module, device, allocator)
     embed, argmax = (module.get_function(name, query_imports=True)
                      if module.implements_function(name, query_imports=True) else None
                      for name in (EMBED_FUNCTION, ARGMAX_FUNCTION))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,11 +251,15 @@ def relocate(executor, plan, device: Device, host: Device, error: Exception) -> 
 
 
 def move_units(model, spec: str) -> list[MoveReport]:
-    """Apply one `SEL=TARGET[,SEL=TARGET...]` move spec to a loaded model, all or nothing.
+    """Apply one `SEL=TARGET[,SEL=TARGET...]` move spec to a loaded model, all or nothing (planned_moves,
+    then apply_moves at once)."""
+    return list(apply_moves(model, planned_moves(model, spec)))
 
-    Checked before anything moves: the selector and target parse, blocks exist, the target is a device
-    the model knows, no block is pinned, and the destination budgets hold what arrives. A failure
-    during the moves (allocation, compile) moves back what this call already moved."""
+
+def planned_moves(model, spec: str) -> list[tuple[int | str, Device, bool]]:
+    """The (unit, destination, streamed) moves of `spec`, checked before anything moves: the selector and
+    target parse, blocks exist, the target is a device the model knows, no block is pinned, and the
+    destination budgets hold what arrives (JitllmError naming what is wrong)."""
     from jitllm.runtime.placement import parse_placement
 
     placement = parse_placement(spec)
@@ -270,6 +275,15 @@ def move_units(model, spec: str) -> list[MoveReport]:
                 raise JitllmError(f"move {entry.text}: block {index} is pinned (!) where it is")
             plan.append((index, dest, entry.streamed))
     _check_room(model, spec, plan)
+    return plan
+
+
+def apply_moves(model, plan: list[tuple[int | str, Device, bool]]) -> Iterator[MoveReport]:
+    """The planned moves one unit at a time, each unit's report yielded after its move (units that were
+    already there are skipped), so that a caller may run steps between two units (jitllmd does: a step then
+    never waits for a whole move). All or nothing: a failure (allocation, compile, copy) moves back what was
+    moved, and raises."""
+    ex = model.executor
     done: list[tuple[MoveReport, Device, bool]] = []
     try:
         for index, dest, streamed in plan:
@@ -278,11 +292,11 @@ def move_units(model, spec: str) -> list[MoveReport]:
             report = move_unit(ex, index, dest, streamed=streamed)
             if before != (dest, streamed):
                 done.append((report, *before))
+                yield report
     except BaseException:
         for report, device, streamed in reversed(done):
             move_unit(ex, report.unit, device, streamed=streamed)
         raise
-    return [report for report, _, _ in done]
 
 
 def _check_room(model, spec: str, plan: list[tuple[int | str, Device, bool]]) -> None:

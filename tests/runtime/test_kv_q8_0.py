@@ -4,11 +4,10 @@ a device's target stores another type)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import gguf
 import numpy as np
 import pytest
+from kv_contents import f32_kv_device
 
 from jitllm.ir.kv_quant import convert_pages, dequantize_q8_0, quantize_q8_0, row_width
 from jitllm.model import load
@@ -68,19 +67,10 @@ def test_q8_0_decode_stays_close_to_f32_kv(tiny_d32, cache_dir):
     assert 0 < worst < LOGIT_TOL
 
 
-def _f32_kv_device():
-    """A simulated device whose target stores f32 KV only (TargetCaps.kv_types)."""
-    from jitllm.lowering.targets.llvm import LlvmTarget
-
-    wide = simulated_device("sim:f32")
-    wide.target = LlvmTarget("exact")
-    wide.target.caps = replace(LlvmTarget.caps, kv_types=("f32",))
-    return wide
-
 
 def _load_q8(path, cache_dir):
     return load(path, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="q8_0",
-                extra_devices=[simulated_device("sim:0"), _f32_kv_device()])
+                extra_devices=[simulated_device("sim:0"), f32_kv_device()])
 
 
 @pytest.mark.parametrize("direct_runs", [32, 0], ids=["page-runs-copied", "pages-gathered-and-scattered"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kv_contents import f32_kv_device
 
 from jitllm.core.errors import JitllmError
 from jitllm.ir.llama import BLOCK_LINEARS
@@ -305,24 +306,13 @@ def test_a_device_fault_brings_only_that_devices_blocks_home(tiny_model, cache_d
     assert [u.device.name for u in model.executor.blocks] == ["sim:0", "host"]
 
 
-def _f32_kv_device():
-    """A simulated device whose target stores no f16 KV (TargetCaps.kv_types)."""
-    from dataclasses import replace
-
-    from jitllm.lowering.targets.llvm import LlvmTarget
-
-    wide = simulated_device("sim:f32")
-    wide.target = LlvmTarget("exact")
-    wide.target.caps = replace(LlvmTarget.caps, kv_types=("f32",))
-    return wide
-
 
 def test_moves_between_f16_and_f32_only_devices_convert_the_pages(tiny_model, cache_dir):
     """A device whose target stores no f16 KV keeps an f32 pool and f32 kinds; a block moving there and
     back has its pages widened and rounded again on the way, so each step after the moves computes what
     the same steps compute on the host alone. f16 pages are half the bytes moved."""
     model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f16",
-                 extra_devices=[_f32_kv_device()])
+                 extra_devices=[f32_kv_device()])
     ex = model.executor
     moved, alone = ex.new_session(), ex.new_session()
     ex.forward(moved, PROMPT)
@@ -345,7 +335,7 @@ def test_a_spilled_session_resumes_where_its_block_moved_to_another_kv_dtype(tin
     from jitllm.runtime.engine.spill import resume, spill
 
     model = load(tiny_model, devices="cpu", ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="f16",
-                 extra_devices=[_f32_kv_device()])
+                 extra_devices=[f32_kv_device()])
     ex = model.executor
     spilled, alone = ex.new_session(), ex.new_session()
     ex.forward(spilled, PROMPT)

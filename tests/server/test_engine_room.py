@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from solo import alone
 
 from jitllm import model as jm
 from jitllm.runtime.backends.fake import simulated_device, with_faults
@@ -23,15 +24,6 @@ def prompts() -> list[list[int]]:
     rng = np.random.default_rng(0)
     return [[int(t) for t in rng.integers(4, 250, n)] for n in LENGTHS]
 
-
-def alone(model, prompt: list[int], steps: int) -> list[int]:
-    ex = model.executor
-    session = ex.new_session()
-    tokens = [int(np.argmax(ex.forward(session, prompt)))]
-    while len(tokens) < steps:
-        tokens.append(int(np.argmax(ex.forward(session, [tokens[-1]]))))
-    ex.close_session(session)
-    return tokens
 
 
 class Run:

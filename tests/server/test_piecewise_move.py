@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from solo import alone
 
 from jitllm import model as jm
 from jitllm.core.errors import JitllmError
@@ -34,15 +35,7 @@ def test_a_move_goes_a_unit_per_turn_while_streams_step(tiny_model, cache_dir):
     rng = np.random.default_rng(2)
     ps = [[int(t) for t in rng.integers(4, 250, n)] for n in (9, 30)]
 
-    def alone(prompt: list[int], steps: int) -> list[int]:
-        session = ex.new_session()
-        tokens = [int(np.argmax(ex.forward(session, prompt)))]
-        while len(tokens) < steps:
-            tokens.append(int(np.argmax(ex.forward(session, [tokens[-1]]))))
-        ex.close_session(session)
-        return tokens
-
-    expected = [alone(p, 30) for p in ps]
+    expected = [alone(model, p, 30) for p in ps]
     events: list[str] = []
     move_unit, batched = migration.move_unit, ex.batched_forward
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from solo import alone
 
 from jitllm import model as jm
 from jitllm.runtime.sampling import SamplingParams
@@ -39,15 +40,7 @@ def test_a_prompt_beside_decoding_slots_is_fed_in_chunks_of_the_room(tiny_model,
     rng = np.random.default_rng(1)
     short, long = [int(t) for t in rng.integers(4, 250, 6)], [int(t) for t in rng.integers(4, 250, 150)]
 
-    def alone(prompt: list[int], steps: int) -> list[int]:
-        session = ex.new_session()
-        tokens = [int(np.argmax(ex.forward(session, prompt)))]
-        while len(tokens) < steps:
-            tokens.append(int(np.argmax(ex.forward(session, [tokens[-1]]))))
-        ex.close_session(session)
-        return tokens
-
-    expected = [alone(short, 40), alone(long, 8)]
+    expected = [alone(model, short, 40), alone(model, long, 8)]
     steps: list[tuple[int, int]] = []  # (decode rows, prompt rows) of each batched step
     forward = ex.batched_forward
 

@@ -14,7 +14,8 @@ says nothing about staleness).
 
 llvm artifacts are keyed by the kernel ISA (jitllm.lowering.targets.llvm.host_isa), and the GPU machine's
 CPU is not this one: the llvm kinds are compiled for `-cpu-isa` (default avx2, which every x86-64-v3 host
-runs), and the commands there must export the same `JITLLM_CPU_ISA` or they compile their own.
+runs), and the commands there must export the same `JITLLM_CPU_ISA` or they compile their own (the H200
+host of 2026-12-03 has avx512_vnni and avx512vbmi, so unpinned it would pick avx512vnni).
 """
 
 from __future__ import annotations

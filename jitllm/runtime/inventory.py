@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from jitllm.runtime.vulkan_ids import VulkanCard, vulkan_cards
+
 BACKENDS = ("cuda", "metal", "vulkan")
 """Backend preference when one card answers to several: CUDA, then Metal, then Vulkan."""
 
@@ -279,27 +281,44 @@ def _wgpu_views(cpu: CpuInfo) -> list[tuple[GpuDevice, int]]:
 
 
 def _adopt_identity(vulkan: list[tuple[GpuDevice, int]], cuda: list[tuple[GpuDevice, int]],
-                    drm_root: str = "/sys/class/drm") -> list[GpuDevice]:
+                    drm_root: str = "/sys/class/drm", cards: tuple[VulkanCard, ...] | None = None) -> list[GpuDevice]:
     """Give Vulkan views the UUID, bus and memory of the card they are.
 
-    wgpu reports no UUID, so a Vulkan adapter is paired with the n-th CUDA device (else the n-th
-    DRM card, which is how AMD's VRAM is read) carrying the same PCI id, in enumeration order.
+    Each wgpu adapter is matched to the Vulkan physical device with its PCI id (the n-th adapter of an id to
+    the n-th device of it: wgpu enumerates in Vulkan's order) and takes Vulkan's own UUID and device-local
+    memory (`cards`, default vulkan_ids.vulkan_cards()); a CUDA device with that UUID lends its identity
+    (bus, memory, bandwidth), so the two views fold into one card. A DRM card of the same PCI id (amdgpu)
+    gives the bus and the VRAM in use. Where Vulkan cannot be read, an adapter is paired with the n-th CUDA
+    device (else DRM card) of its PCI id, in enumeration order.
     """
+    if cards is None:
+        cards = vulkan_cards() if vulkan else ()
+    cards = list(cards)
     drm = _drm_cards(drm_root)
+    by_uuid = {_bare_uuid(view.uuid): i for i, (view, _) in enumerate(cuda) if view.uuid}
     taken: set[int] = set()
     out = []
     for view, pci_id in vulkan:
+        card = next((c for c in cards if c.pci_id == pci_id), None)
+        if card is not None:
+            cards.remove(card)
         if view.unified:
-            out.append(view)
+            out.append(view if card is None else dataclasses.replace(view, uuid=card.uuid))
             continue
-        same = [i for i, (_, p) in enumerate(cuda) if p == pci_id and i not in taken]
+        if card is not None:
+            same = [by_uuid[card.uuid]] if card.uuid in by_uuid else []
+        else:
+            same = [i for i, (_, p) in enumerate(cuda) if p == pci_id and i not in taken]
         if same:
             taken.add(same[0])
-            card = cuda[same[0]][0]
+            twin = cuda[same[0]][0]
             out.append(dataclasses.replace(
-                view, uuid=card.uuid, pci_bus=card.pci_bus, total_bytes=card.total_bytes,
-                free_bytes=card.free_bytes, speed=card.speed))
+                view, uuid=twin.uuid, pci_bus=twin.pci_bus, total_bytes=twin.total_bytes,
+                free_bytes=twin.free_bytes, speed=twin.speed))
             continue
+        if card is not None:
+            free = card.local_bytes if card.budget_bytes is None else min(card.budget_bytes, card.local_bytes)
+            view = dataclasses.replace(view, uuid=card.uuid, total_bytes=card.local_bytes, free_bytes=free)
         match = next((c for c in drm if c[0] == pci_id), None)
         if match is not None:
             drm.remove(match)
@@ -307,6 +326,11 @@ def _adopt_identity(vulkan: list[tuple[GpuDevice, int]], cuda: list[tuple[GpuDev
             view = dataclasses.replace(view, pci_bus=bus, total_bytes=total, free_bytes=total - used)
         out.append(view)
     return out
+
+
+def _bare_uuid(uuid: str) -> str:
+    """NVML's `GPU-xxxxxxxx-...` as Vulkan's deviceUUID reads (vulkan_ids.uuid_text)."""
+    return uuid.removeprefix("GPU-").lower()
 
 
 def _drm_cards(root: str) -> list[tuple[int, str, int, int]]:

@@ -9,6 +9,7 @@ from sysfs_fakes import fake_sysfs
 from jitllm.cli import main
 from jitllm.commands import hardware as hardware_command
 from jitllm.runtime import inventory as inv
+from jitllm.runtime.vulkan_ids import DEVICE_TYPES, VulkanCard, vulkan_cards
 from jitllm.runtime.inventory import (
     CpuInfo,
     GpuDevice,
@@ -63,7 +64,7 @@ def test_vulkan_adapter_adopts_the_identity_of_its_cuda_card(tmp_path):
         "mem_info_vram_used": str(GIB),
     }.items():
         (card / name).write_text(value + "\n")
-    nvidia, radeon, iris = inv._adopt_identity(vulkan, cuda, drm_root=str(tmp_path))
+    nvidia, radeon, iris = inv._adopt_identity(vulkan, cuda, drm_root=str(tmp_path), cards=())
     assert (nvidia.uuid, nvidia.pci_bus, nvidia.total_bytes, nvidia.speed) == (
         "GPU-1",
         "0000:19:00.0",
@@ -74,6 +75,45 @@ def test_vulkan_adapter_adopts_the_identity_of_its_cuda_card(tmp_path):
     assert iris == vulkan[2][0]
     folded = Inventory.from_views([cuda[0][0], nvidia, radeon, iris], HOST)
     assert [g.spec_name for g in folded.gpus] == ["cuda:0", "vulkan:1", "vulkan:2"]
+
+
+
+def test_vulkan_adapters_pair_with_cuda_by_vulkans_uuid_whatever_the_order():
+    """Two identical cards that CUDA numbers in the opposite order to Vulkan (CUDA's fastest-first against
+    the PCI order): Vulkan's deviceUUID pairs each adapter with its own card, which the n-th-of-its-PCI-id
+    pairing got crossed; a third card CUDA does not see (CUDA_VISIBLE_DEVICES) keeps Vulkan's memory."""
+    pci = 0x233510DE
+    a, b, c = ("5f7a3c1e-0000-4000-8000-00000000000a", "5f7a3c1e-0000-4000-8000-00000000000b",
+               "5f7a3c1e-0000-4000-8000-00000000000c")
+    cuda = [(view("cuda", 0, "H200", uuid="GPU-" + b.upper(), pci_bus="0000:2a:00.0"), pci),
+            (view("cuda", 1, "H200", uuid="GPU-" + a.upper(), pci_bus="0000:19:00.0"), pci)]
+    vulkan = [(view("vulkan", i, "NVIDIA H200", total=0, free=0), pci) for i in range(3)]
+    cards = tuple(VulkanCard(pci, "NVIDIA H200", u, "discrete", 141 * GIB, 100 * GIB) for u in (a, b, c))
+    first, second, third = inv._adopt_identity(vulkan, cuda, drm_root="/nonexistent", cards=cards)
+    assert (first.uuid, first.pci_bus) == ("GPU-" + a.upper(), "0000:19:00.0")
+    assert (second.uuid, second.pci_bus) == ("GPU-" + b.upper(), "0000:2a:00.0")
+    assert (third.uuid, third.total_bytes, third.free_bytes) == (c, 141 * GIB, 100 * GIB)
+    folded = Inventory.from_views([v for v, _ in cuda] + [first, second, third], HOST)
+    assert [g.spec_name for g in folded.gpus] == ["cuda:0", "cuda:1", "vulkan:2"]
+    assert sorted((v.spec_name, g) for g in range(2) for v in folded.other_backends if v.index == g) == [
+        ("vulkan:0", 1), ("vulkan:1", 0)]
+
+
+@pytest.mark.vulkan
+def test_vulkan_properties_read_through_the_loader(setup_failed):
+    """The ctypes layouts of vulkan_ids against a real driver (lavapipe in CI): the device Vulkan names is
+    the adapter wgpu names, its UUID is 16 bytes that are not all zero, and its device-local memory is a
+    plausible size (a misplaced field would read garbage or zeros)."""
+    names = [str(a.info.get("device")) for a, backend in inv.wgpu_adapters() if backend == "vulkan"]
+    if not names:
+        setup_failed("no Vulkan adapter (apt-get install mesa-vulkan-drivers libvulkan1 gives lavapipe)")
+    cards = vulkan_cards()
+    assert [c.name for c in cards] == names
+    for card in cards:
+        assert len(bytes.fromhex(card.uuid.replace("-", ""))) == 16 and card.uuid.strip("0-")
+        assert card.device_type in DEVICE_TYPES
+        assert 64 << 20 <= card.local_bytes <= 1 << 50
+        assert card.budget_bytes is None or card.budget_bytes <= card.local_bytes
 
 
 @pytest.mark.parametrize(

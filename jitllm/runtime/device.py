@@ -44,12 +44,24 @@ class Device:
     place_weights: Callable[[Tensor], None] | None = field(default=None, repr=False)
     """Applied to each new weights buffer before its weights are written (the host's NUMA interleaving:
     runtime/numa.py); None: where the allocator put it."""
+    twins: list["Device"] = field(default_factory=list, repr=False)
+    """The other views of its card (one card through two APIs, `cuda:0,vulkan:0`): their weights and KV
+    are charged to the same budgets as this device's (DeviceChoice.shares_budget_of)."""
 
-    def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
-        """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
-        used, budget = (self.kv_bytes, self.kv_budget_bytes) if kv else (self.used_bytes, self.budget_bytes)
-        if budget is not None and used + nbytes > budget:
-            left = budget - used
+    def room(self, kv: bool = False) -> int | None:
+        """Bytes its weight budget (or, with `kv`, its KV budget) has left, its twins' use counted; None:
+        unbounded."""
+        budget = self.kv_budget_bytes if kv else self.budget_bytes
+        if budget is None:
+            return None
+        return budget - sum(d.kv_bytes if kv else d.used_bytes for d in (self, *self.twins))
+
+    def reserve(self, nbytes: int, what: str, kv: bool = False, leaving: int = 0) -> None:
+        """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing.
+        `leaving`: bytes of the same budget that this charge replaces once done (a unit moving between two
+        views of one card: the card holds both copies only while the move runs, within its headroom)."""
+        left = self.room(kv)
+        if left is not None and nbytes - leaving > left:
             raise JitllmError(f"{self.name}: {what} needs {nbytes / 2**20:.1f} MiB, {left / 2**20:.1f} MiB left")
         if kv:
             self.kv_bytes += nbytes

@@ -56,6 +56,9 @@ class DeviceChoice:
     budget_bytes: int
     explicit_budget: bool
     aliases: frozenset[str]
+    shares_budget_of: str | None = None
+    """The choice whose budget this one shares: one card named through two APIs (`cuda:0,vulkan:0`, both
+    explicit) has one budget, charged by blocks on either view; None: a budget of its own."""
 
 
 def parse_size(text: str) -> int:
@@ -114,14 +117,14 @@ def parse_devices(text: str, inventory: Inventory, vram: str | None = None,
         if spec.lower() == "cpu" and eq:
             raise JitllmError(f"{entry}: the CPU takes no budget")
         for device in _remote(spec, entry, remote) if "/" in spec else _resolve(spec, entry, inventory, timer):
-            _check_unique(entry, device, picks)
+            _check_unique(entry, spec, device, picks)
             picks.append((spec.lower(), device, own))
     return _budgeted(picks, inventory, shared)
 
 
 def host_budget(inventory: Inventory, choices: list[DeviceChoice]) -> int:
     """Host memory left once unified-memory devices have taken their share (it is the same RAM)."""
-    carved = sum(c.budget_bytes for c in choices if c.device.unified)
+    carved = sum(c.budget_bytes for c in choices if c.device.unified and c.shares_budget_of is None)
     return max(0, inventory.cpu.free_bytes - carved)
 
 
@@ -246,27 +249,59 @@ def _rank(devices: list[GpuDevice], timer: Timer | None) -> list[GpuDevice]:
                                           d.index))
 
 
-def _check_unique(entry: str, device: GpuDevice, picks: list[tuple[str, GpuDevice, int | None]]) -> None:
-    for _, other, _ in picks:
-        if other.index == device.index:
-            same = "" if other == device else f" ({device.spec_name} and {other.spec_name} are one card)"
-            raise JitllmError(f"{entry}: {other.spec_name} is already in -devices{same}")
+def _check_unique(entry: str, spec: str, device: GpuDevice, picks: list[tuple[str, GpuDevice, int | None]]) -> None:
+    """A device may be named once; one card may be named once per API where each entry names its API
+    (`cuda:0,vulkan:0`: the two views share one budget), never through `gpu:N`, `all` or `auto`."""
+    for other_spec, other, _ in picks:
+        if other.index != device.index:
+            continue
+        if other != device and other.backend != device.backend and _names_api(spec) and _names_api(other_spec):
+            continue
+        same = "" if other == device else f" ({device.spec_name} and {other.spec_name} are one card)"
+        raise JitllmError(f"{entry}: {other.spec_name} is already in -devices{same}")
+
+
+def _names_api(spec: str) -> bool:
+    return spec.partition(":")[0].strip().lower() in BACKENDS
 
 
 def _budgeted(picks: list[tuple[str, GpuDevice, int | None]], inventory: Inventory,
               shared: int | None) -> list[DeviceChoice]:
     host_left = inventory.cpu.free_bytes
-    choices = []
+    card_size = _card_sizes(picks)
+    choices: list[DeviceChoice] = []
+    first_of: dict[int, DeviceChoice] = {}
     for spec, device, own in picks:
-        budget = own if own is not None else shared
+        lead = first_of.get(device.index) if device.index >= 0 else None
+        aliases = {device.spec_name} | ({f"gpu:{device.index}"} if device.index >= 0 and lead is None else set())
+        if spec not in ("auto", "all"):
+            aliases.add(spec)
+        if lead is not None:
+            choices.append(DeviceChoice(device, device.spec_name, lead.budget_bytes, lead.explicit_budget,
+                                        frozenset(aliases), shares_budget_of=lead.name))
+            continue
+        budget = card_size.get(device.index, own)
+        budget = budget if budget is not None else shared
         explicit = budget is not None
         if budget is None:
             free = min(device.free_bytes, host_left) if device.unified else device.free_bytes
             budget = default_budget(free)
         if device.unified:
             host_left = max(0, host_left - budget)
-        aliases = {device.spec_name} | ({f"gpu:{device.index}"} if device.index >= 0 else set())
-        if spec not in ("auto", "all"):
-            aliases.add(spec)
         choices.append(DeviceChoice(device, device.spec_name, budget, explicit, frozenset(aliases)))
+        if device.index >= 0:
+            first_of[device.index] = choices[-1]
     return choices
+
+
+def _card_sizes(picks: list[tuple[str, GpuDevice, int | None]]) -> dict[int, int]:
+    """The `=SIZE` of each card named through several APIs: given on one of its entries at most."""
+    sizes: dict[int, tuple[str, int]] = {}
+    for _, device, own in picks:
+        if own is None or device.index < 0:
+            continue
+        if device.index in sizes:
+            raise JitllmError(f"{sizes[device.index][0]} and {device.spec_name} are one card with one budget: "
+                              f"give =SIZE on one of them")
+        sizes[device.index] = (device.spec_name, own)
+    return {index: size for index, (_, size) in sizes.items()}

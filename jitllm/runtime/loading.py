@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from jitllm.core.errors import JitllmError
 from jitllm.core.jlm import JlmFile
@@ -24,6 +24,9 @@ from jitllm.runtime.numa import Interleaver, current_policy, numa_plan
 from jitllm.runtime.placement import Placement, PlacementOption, with_placement
 from jitllm.runtime.planner import Plan, plan
 from jitllm.runtime.workers import Workers, host_workers
+
+if TYPE_CHECKING:
+    from jitllm.runtime.device_spec import DeviceChoice
 
 DEFAULT_CTX = 4096
 
@@ -117,6 +120,7 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     devices: dict[str, Device] = {HOST: host}
     for choice in choices:
         devices[choice.name] = make_device(choice, options.cpu_kernels, options.gpu_kernels)
+    share_budgets(choices, devices)
     for extra in options.extra_devices:
         devices[extra.name.lower()] = extra
     _share_host_memory(devices)
@@ -176,6 +180,16 @@ def _remote(address: str | None):
 
     cluster = connect(address)
     return lambda spec, entry: remote_device(cluster, spec, entry)
+
+
+def share_budgets(choices: list[DeviceChoice], devices: dict[str, Device]) -> None:
+    """Make the views of one card named through two APIs twins: one budget charged by both."""
+    for choice in choices:
+        if choice.shares_budget_of is not None:
+            view, lead = devices[choice.name], devices[choice.shares_budget_of]
+            for other in (lead, *lead.twins):
+                other.twins.append(view)
+                view.twins.append(other)
 
 
 def _share_host_memory(devices: dict[str, Device]) -> None:

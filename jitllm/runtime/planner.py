@@ -59,10 +59,14 @@ class DeviceBudget:
     slot_bytes: int
     streamed: int = 0
     streamed_bytes: int = 0
+    shares_budget_of: str | None = None
+    """The device whose budget this one shares (one card through two APIs), as DeviceChoice says."""
+    card_used_bytes: int | None = None
+    """What every view of a shared card uses together; None where the budget is the device's own."""
 
     @property
     def left_bytes(self) -> int:
-        return self.budget_bytes - self.used_bytes
+        return self.budget_bytes - (self.used_bytes if self.card_used_bytes is None else self.card_used_bytes)
 
     @property
     def upload_bytes_per_token(self) -> int:
@@ -115,7 +119,10 @@ class Plan:
             if b.streamed:
                 slot = (f", {STREAM_SLOTS} streaming slots of {format_bytes(b.slot_bytes)} ({b.streamed} blocks "
                         f"stream: {format_bytes(b.upload_bytes_per_token)} uploaded per token)")
-            lines.append(f"{b.name}: used {format_bytes(b.used_bytes)} of {format_bytes(b.budget_bytes)}, "
+            budget = format_bytes(b.budget_bytes)
+            if b.card_used_bytes is not None:
+                budget += f" (one card's, {format_bytes(b.card_used_bytes)} used by all its views)"
+            lines.append(f"{b.name}: used {format_bytes(b.used_bytes)} of {budget}, "
                          f"{format_bytes(b.left_bytes)} left{slot}")
         host = [a for a in self.blocks + (self.head,) if a.device == self.host_name or a.streamed]
         lines.append(f"{self.host_name}: holds {format_bytes(sum(a.bytes for a in host))} of weights "
@@ -223,6 +230,7 @@ class _Ledger:
 
     def __init__(self, devices: list[DeviceChoice]) -> None:
         self.budget = {d.name: d.budget_bytes for d in devices}
+        self.card = {d.name: d.shares_budget_of or d.name for d in devices}
         self.used = {d.name: 0 for d in devices}
         self.slot = {d.name: 0 for d in devices}
         self.streamed = {d.name: [0, 0] for d in devices}
@@ -236,7 +244,7 @@ class _Ledger:
 
     def take(self, name: str, size: int, what: str) -> str | None:
         """Charge `size` to `name`; the reason if it can't."""
-        left = self.budget[name] - self.used[name]
+        left = self._left(name)
         if size > left:
             return f"{what} needs {format_bytes(size)}, {name} has {format_bytes(left)} left"
         self.used[name] += size
@@ -246,7 +254,7 @@ class _Ledger:
         """Charge `name`'s streaming slots (once); the reason if its budget cannot hold them."""
         if name in self.slots_taken:
             return None
-        cost, left = STREAM_SLOTS * self.slot[name], self.budget[name] - self.used[name]
+        cost, left = STREAM_SLOTS * self.slot[name], self._left(name)
         if cost > left:
             return (f"{name} cannot hold {STREAM_SLOTS} streaming slots of {format_bytes(self.slot[name])} "
                     f"(the largest block streamed there): they need {format_bytes(cost)}, it has "
@@ -255,8 +263,18 @@ class _Ledger:
         self.slots_taken.add(name)
         return None
 
+    def _card_used(self, name: str) -> int:
+        """What every device sharing `name`'s budget (itself included) has taken."""
+        return sum(self.used[n] for n in self.used if self.card[n] == self.card[name])
+
+    def _left(self, name: str) -> int:
+        return self.budget[name] - self._card_used(name)
+
     def report(self) -> tuple[DeviceBudget, ...]:
-        return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n], *self.streamed[n])
+        shared = {c for c in self.card.values() if list(self.card.values()).count(c) > 1}
+        return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n], *self.streamed[n],
+                                  shares_budget_of=self.card[n] if self.card[n] != n else None,
+                                  card_used_bytes=self._card_used(n) if self.card[n] in shared else None)
                      for n in self.budget)
 
 

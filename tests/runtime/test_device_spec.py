@@ -149,13 +149,29 @@ def test_naming_vulkan_explicitly_selects_the_vulkan_view():
         assert choice.device.index == 0
 
 
-def test_one_card_twice_is_a_duplicate():
-    with pytest.raises(
-        JitllmError, match=r"^vulkan:0: cuda:0 is already in -devices \(vulkan:0 and cuda:0 are one card\)"
-    ):
-        parse_devices("cuda:0,vulkan:0", ONE_CARD_TWO_BACKENDS)
+def test_one_card_through_both_apis_shares_one_budget():
+    """`cuda:0,vulkan:0` (each entry naming its API) is one card through two APIs: two devices, one budget
+    (the card's, given once), `gpu:0` naming the first view only."""
+    first, second = parse_devices("cuda:0,vulkan:0", ONE_CARD_TWO_BACKENDS)
+    assert (first.name, second.name) == ("cuda:0", "vulkan:0")
+    assert (first.shares_budget_of, second.shares_budget_of) == (None, "cuda:0")
+    assert first.budget_bytes == second.budget_bytes == 100 * GIB - 100 * GIB // 8
+    assert "gpu:0" in first.aliases and "gpu:0" not in second.aliases
+    for text in ("cuda:0,vulkan:0=40G", "cuda:0=40G,vulkan:h200"):
+        assert [c.budget_bytes for c in parse_devices(text, ONE_CARD_TWO_BACKENDS)] == [40 * GIB] * 2
+    with pytest.raises(JitllmError, match=r"^cuda:0 and vulkan:0 are one card with one budget: give =SIZE on one of them$"):
+        parse_devices("cuda:0=40G,vulkan:0=20G", ONE_CARD_TWO_BACKENDS)
+
+
+def test_one_card_twice_through_one_api_or_gpu_n_is_a_duplicate():
     with pytest.raises(JitllmError, match=r"^gpu:0: cuda:0 is already in -devices$"):
         parse_devices("cuda:0,gpu:0", TWO)
+    with pytest.raises(
+        JitllmError, match=r"^gpu:0: vulkan:0 is already in -devices \(cuda:0 and vulkan:0 are one card\)$"
+    ):
+        parse_devices("vulkan:0,gpu:0", ONE_CARD_TWO_BACKENDS)
+    with pytest.raises(JitllmError, match=r"^vulkan:0: vulkan:0 is already in -devices$"):
+        parse_devices("cuda:0,vulkan:0,vulkan:0", ONE_CARD_TWO_BACKENDS)
 
 
 def test_vulkan_selector_errors():

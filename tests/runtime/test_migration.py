@@ -97,11 +97,11 @@ def test_failure_half_way_leaves_the_block_running_with_its_kv(tiny_model, cache
     original_reserve = sim.reserve
     calls = []
 
-    def failing_reserve(nbytes, what, kv=False):
+    def failing_reserve(nbytes, what, kv=False, leaving=0):
         calls.append(what)
         if what.startswith("KV pool"):
             raise JitllmError("sim:0: allocation of KV pool failed (injected fault)")
-        return original_reserve(nbytes, what, kv)
+        return original_reserve(nbytes, what, kv, leaving)
 
     sim.reserve = failing_reserve
     with pytest.raises(JitllmError, match="injected"):

@@ -248,3 +248,18 @@ def test_budgets_are_never_exceeded_and_every_block_is_placed(sizes, head, budge
         assert p.seam == max((i for i, a in enumerate(p.blocks) if a.device != "host"), default=None)
     if gpu_layers is not None and placement is None:
         assert sum(a.device != "host" for a in p.blocks) <= gpu_layers
+
+
+def test_one_card_through_two_apis_charges_one_budget():
+    """cuda:0 and vulkan:0 of one card share its 200 MiB: the engine fills the first view, a map's blocks on
+    the second are charged to the same budget, and past it they are declined."""
+    chosen = parse_devices("cuda:0=200M,vulkan:0", ONE_CARD_TWO_BACKENDS)
+    p = plan(BLOCKS, HEAD, chosen, parse_placement("0-1=vulkan:0"))
+    assert where(p)[:5] == ["vulkan:0", "vulkan:0", "cuda:0", "cuda:0", "cuda:0"]
+    assert where(p)[5:] == ["host"] * 5
+    assert sum(b.used_bytes for b in p.budgets) == 200 * MIB
+    assert all(b.left_bytes == 0 and b.card_used_bytes == 200 * MIB for b in p.budgets)
+    assert "vulkan:0: used 80.0 MiB of 200.0 MiB (one card's, 200.0 MiB used by all its views), 0 B left" in p.describe()
+    p = plan(BLOCKS, HEAD, chosen, parse_placement("0-5=vulkan:0"))
+    assert where(p)[:5] == ["vulkan:0"] * 5 and p.blocks_on("cuda:0") == []
+    assert Decline(5, "vulkan:0", "block 5 needs 40.0 MiB, vulkan:0 has 0 B left") in p.declines

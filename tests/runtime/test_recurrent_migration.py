@@ -114,10 +114,10 @@ def test_failure_half_way_leaves_the_block_running_with_its_state(tiny_hybrid_mo
     state, before = session.states[3], session.states[3].tensor.numpy()
     original_reserve = sim.reserve
 
-    def failing_reserve(nbytes, what, kv=False):
+    def failing_reserve(nbytes, what, kv=False, leaving=0):
         if what.startswith("recurrent state"):
             raise JitllmError("sim:0: allocation of recurrent state failed (injected fault)")
-        return original_reserve(nbytes, what, kv)
+        return original_reserve(nbytes, what, kv, leaving)
 
     sim.reserve = failing_reserve
     with pytest.raises(JitllmError, match="injected"):

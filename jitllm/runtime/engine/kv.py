@@ -23,7 +23,7 @@ def pool(ex, device: Device) -> PagePool:
         blocks_here = sum(1 for i in range(cfg.num_blocks) if ex._placement[i] is device)
         max_pages = None
         if device.kv_budget_bytes is not None:
-            max_pages = (device.kv_budget_bytes - device.kv_bytes) // PagePool.bytes_per_page(cfg.kv_heads, page,
+            max_pages = device.room(kv=True) // PagePool.bytes_per_page(cfg.kv_heads, page,
                                                                                                 cfg.head_dim, kv_type)
             if max_pages < 1:
                 raise JitllmError(f"{device.name}: its KV budget holds no page ({device.kv_budget_bytes} bytes)")

@@ -79,7 +79,7 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
     if streamed:
         stream = units.admit(executor, index, dest, kind)
     else:
-        dest.reserve(unit.nbytes, what)
+        dest.reserve(unit.nbytes, what, leaving=unit.nbytes if source in dest.twins and unit.stream is None else 0)
     clock.mark("program")
     new_tables: dict[int, PageTable] = {}
     new_states: dict[int, RecurrentState] = {}
@@ -309,7 +309,8 @@ def _check_room(model, spec: str, plan: list[tuple[int | str, Device, bool]]) ->
         if streamed:
             streaming.setdefault(dest.name, []).append(unit.nbytes)
         elif unit.device is not dest or unit.stream is not None:
-            arriving[dest.name] = arriving.get(dest.name, 0) + unit.nbytes
+            leaving = unit.nbytes if unit.device in dest.twins and unit.stream is None else 0
+            arriving[dest.name] = arriving.get(dest.name, 0) + unit.nbytes - leaving
     for name, sizes in streaming.items():
         pool = ex.streams.get(name)
         charged = pool.charged if pool is not None else 0
@@ -317,7 +318,7 @@ def _check_room(model, spec: str, plan: list[tuple[int | str, Device, bool]]) ->
         arriving[name] = arriving.get(name, 0) + max(0, slots - charged)
     for name, nbytes in arriving.items():
         dest = model.devices[name]
-        if dest.budget_bytes is not None and dest.used_bytes + nbytes > dest.budget_bytes:
-            left = dest.budget_bytes - dest.used_bytes
+        left = dest.room()
+        if left is not None and nbytes > left:
             raise JitllmError(f"move {spec}: {name} cannot hold {nbytes / 2**20:.1f} MiB of weights "
                               f"({left / 2**20:.1f} MiB left)")

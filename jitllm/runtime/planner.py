@@ -18,6 +18,7 @@ error, strict or not: falling back to the host would not be what `~` asked for.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from jitllm.core.errors import JitllmError
@@ -271,7 +272,8 @@ class _Ledger:
         return self.budget[name] - self._card_used(name)
 
     def report(self) -> tuple[DeviceBudget, ...]:
-        shared = {c for c in self.card.values() if list(self.card.values()).count(c) > 1}
+        views = Counter(self.card.values())
+        shared = {c for c, n in views.items() if n > 1}
         return tuple(DeviceBudget(n, self.budget[n], self.used[n], self.slot[n], *self.streamed[n],
                                   shares_budget_of=self.card[n] if self.card[n] != n else None,
                                   card_used_bytes=self._card_used(n) if self.card[n] in shared else None)

@@ -20,14 +20,10 @@ if not cuda_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 TOL = 5e-5
-Q8_APPEND = ("the q8_0 decode append stores each block's f16 scale without its low byte (H200, 2026-12-03): "
-             "CudaTarget declares no q8_0 KV until it is fixed")
 
 
 @pytest.mark.parametrize("kind", gpu_test_kinds()[:10] + gpu_test_kinds()[12:22] + format_test_kinds()
-                         + f16_kv_test_kinds()
-                         + [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=Q8_APPEND)) if k.decode else k
-                            for k in q8_kv_test_kinds()],
+                         + f16_kv_test_kinds() + q8_kv_test_kinds(),
                          ids=lambda k: f"{k.kind}-{'+'.join(sorted({s.wtype for s in k.linears}))}"
                                        f"{'-decode' if k.decode else ''}{'-kv_' + k.kv_type if k.kv_type != 'f32' else ''}"
                                        f"{'-' + str(k.config.hidden) if k.kv_type != 'f32' else ''}")
@@ -149,18 +145,19 @@ def test_tiny_model_split_and_migration_match_the_host(tiny_model, cache_dir):
     assert split.generate_ids(prompt, 24) == host
 
 
-def test_a_q8_0_model_keeps_f32_pages_on_cuda(tiny_d32, cache_dir):
-    """CUDA declares no q8_0 KV (Q8_APPEND): a q8_0 model's blocks there keep f32 pages, the host's q8_0
-    ones, and a run all on the GPU gives the host's f32-KV greedy tokens."""
+def test_q8_0_kv_on_cuda_matches_the_host(tiny_d32, cache_dir):
+    """q8_0 pages on the GPU (the appends quantize as the host's do) give the host's greedy tokens, alone,
+    split, and through moves (q8_0 pages copied between the two pools)."""
     from jitllm.model import load
 
-    prompt, opts = list(range(4, 30)), dict(ctx=128, cache_dir=cache_dir, cpu_kernels="exact")
-    host = load(tiny_d32, devices="cpu", kv_type="f32", **opts).generate_ids(prompt, 24)
-    on_gpu = load(tiny_d32, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", gpu_kernels="exact",
-                  kv_type="q8_0", **opts)
-    assert on_gpu.executor.pools["cuda:0"].dtype == "float32" and on_gpu.executor.pools["host"].dtype == "int8"
-    on_gpu.move("1", "cuda:0")
+    prompt, opts = list(range(4, 30)), dict(ctx=128, cache_dir=cache_dir, cpu_kernels="exact", kv_type="q8_0")
+    host = load(tiny_d32, devices="cpu", **opts).generate_ids(prompt, 24)
+    on_gpu = load(tiny_d32, devices="cuda:0", gpu_kernels="exact", **opts)
+    assert on_gpu.executor.pools["cuda:0"].dtype == "int8"
     assert on_gpu.generate_ids(prompt, 24) == host
+    split = load(tiny_d32, devices="cuda:0", placement="0=cuda:0,1=host,head=cuda:0", gpu_kernels="exact", **opts)
+    split.move_schedule = {3: ["1=cuda:0"], 6: ["0=host,head=host"], 10: ["*=cuda:0,head=cuda:0"], 15: ["0=host"]}
+    assert split.generate_ids(prompt, 24) == host
 
 
 def test_captured_steps_carry_their_inputs_and_logits(tiny_model, cache_dir):

@@ -137,6 +137,22 @@ def pool_values(kind: BlockKind, rows: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(blocks.reshape(-1, d // 32 * 34), gguf.GGMLQuantizationType.Q8_0).reshape(*lead, d)
 
 
+def rows_with_q8_scales(bits: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    """f32 rows [..., blocks * 32] whose q8_0 blocks have the f16 scales of `bits` (uint16 [..., blocks]),
+    and the q8_0 rows [..., blocks * 34] they quantize to: each block's first value is +-127 d (its amax),
+    the others d * (q + f) with |q| <= 126 and |f| <= 0.4, so d = amax / 127 and round(x / d) = q however
+    the kernel divides (1 / d computed approximately, amax times 1 / 127)."""
+    d = bits.view(np.float16).astype(np.float32)[..., None]
+    q = rng.integers(-126, 127, bits.shape + (32,))
+    q[..., 0] = np.where(rng.random(bits.shape) < 0.5, -127, 127)
+    frac = rng.uniform(-0.4, 0.4, q.shape).astype(np.float32)
+    frac[..., 0] = 0
+    q = np.where(d == 0, 0, q)
+    values = (d * (q + frac)).astype(np.float32).reshape(*bits.shape[:-1], -1)
+    scales = np.ascontiguousarray(bits.astype("<u2")).view(np.int8)
+    return values, np.concatenate([q.reshape(values.shape).astype(np.int8), scales], axis=-1)
+
+
 def paged_inputs(kind: BlockKind, rng, batch: int, seq: int, pasts: list[int], extra_pages: int = 3):
     """Random x, RoPE tables, a pool with shuffled page ids holding each sequence's history."""
     c, p = kind.config, kind.page_size

@@ -55,8 +55,8 @@ def q8_kv_test_kinds():
     """Block kinds over a q8_0 KV pool, general and decode, as the CUDA target runs them (head dims 32 and
     64: one and two blocks of 32 a row): test_cuda.py checks them against numpy over gguf's dequantization
     of the same rows, and the decode kinds' append against the quantized new rows."""
-    kinds = [replace(kind_for_target(llama_block_kind(cfg, {n: "q4_1" for n in BLOCK_LINEARS}), CudaTarget()),
-                     kv_type="q8_0") for cfg in (PRESETS["tiny-d32"], FORMAT_CFG)]  # (CUDA declares no q8_0 yet)
+    kinds = [kind_for_target(replace(llama_block_kind(cfg, {n: "q4_1" for n in BLOCK_LINEARS}), kv_type="q8_0"),
+                             CudaTarget()) for cfg in (PRESETS["tiny-d32"], FORMAT_CFG)]
     return kinds + [k.decode_variant() for k in kinds]
 
 

@@ -177,6 +177,35 @@ def test_ragged_variants_take_the_ragged_attention_and_append_on_the_gpu():
     assert all('thread="blockIdx.x"' in func.script() for func in (attention, append))
 
 
+def test_q8_0_appends_store_each_scale_as_one_16_bit_store():
+    """CUDA declares q8_0 KV, and its appends (the general one, the decode step's inside the split attention,
+    the ragged one) write each block's f16 scale as one 2-byte store of the half's bits, never a byte of
+    it: nvcc 13.0's ptxas compiles `(signed char)(bits & 255)` of a half's bits as F2I.U8.F16 (the half's
+    value truncated), which stored every scale below 1 without its low byte on the H200 (kv_store)."""
+    import tvm
+
+    from jitllm.ir.blocks import build_block_graph
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
+    from jitllm.lowering.onnx_import import to_relax
+    from jitllm.lowering.target import kind_for_target
+    from jitllm.lowering.targets.cuda import _pipeline
+    from jitllm.random_model import PRESETS
+
+    target = CudaTarget("sm_90")
+    block = kind_for_target(dataclasses.replace(llama_block_kind(PRESETS["tiny-d32"], {n: "q4_1" for n in BLOCK_LINEARS}),
+                                                kv_type="q8_0"), target)
+    assert block.kv_type == "q8_0" and "q8_0" in target.caps.kv_types
+    tvm_target = target.tvm_target()
+    for kind, appends in ((block, 1), (block.decode_variant(), 2), (block.ragged_variant(), 1)):
+        with tvm_target, tvm.transform.PassContext(opt_level=3):
+            built = tvm.compile(to_relax(kind, build_block_graph(kind), target), target=tvm_target,
+                                relax_pipeline=_pipeline(tvm_target))
+        source = built.mod.imports[0].imports[0].inspect_source("")
+        scale_stores = re.findall(r"\*\(char2\*\)\(pages_ptr \+ [^;]*\) = \(\*\(char2 \*\)\(&", source)
+        assert len(scale_stores) == 2 * appends, kind  # K's and V's scale (one block a row) in each append
+        assert "(signed char)((*(ushort *)" not in source and "ushort bits" not in source, kind
+
+
 def _calls(func) -> list:
     """The relax calls (call_tir and the rest) in `func`'s body."""
     from tvm import relax

@@ -119,9 +119,12 @@ def _hmax(v, lanes: int):
 
 @T.macro
 def _store_scale(pages, page, two, h, slot, block, d, head_dim):
-    bits: T.let = T.reinterpret("uint16", T.Cast("float16", d))
-    pages[page, two, h, slot, head_dim + 2 * block] = T.Cast(Q8, T.bitwise_and(bits, T.uint16(255)))
-    pages[page, two, h, slot, head_dim + 2 * block + 1] = T.Cast(Q8, T.shift_right(bits, T.uint16(8)))
+    """Block `block`'s scale d as f16 into its two bytes, in one 16-bit store of the f16 bits (the offset
+    is even, as every row width and head dim is). Not two byte stores: nvcc 13.0's ptxas (sm_80, sm_90)
+    compiles the store of a half's low byte (`(signed char)(bits & 255)` after `cvt.rn.f16.f32`, whatever
+    integer steps come between) as F2I.U8.F16, the half's value truncated to an integer, so every scale
+    below 1 lost its low byte on the GPU (docs/model-format.md)."""
+    pages[page, two, h, slot, T.ramp(head_dim + 2 * block, 1, 2)] = T.reinterpret(_lanes(Q8, 2), T.Cast("float16", d))
 
 
 def q8_row_store(head_dim: int):

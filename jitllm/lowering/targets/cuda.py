@@ -30,9 +30,7 @@ class CudaTarget(KernelSet):
 
     name = "cuda"
     caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, fold_prefill=True, decode_variants=True,
-                      decode_appends_kv=True, ragged_batches=True, kernels_flag="gpu-kernels", kv_types=("f32", "f16"))
-    """No q8_0 KV yet: on the H200 its decode appends stored each block's f16 scale without its low byte
-    (tests/gpu/test_cuda.py, a strict xfail until fixed), so a q8_0 model keeps f32 pages on CUDA."""
+                      decode_appends_kv=True, ragged_batches=True, kernels_flag="gpu-kernels")
     sources = ("targets/cuda.py", "targets/cuda_runtime.py", "kernels/cuda", "kernels/formats.py",
                "kernels/kv_store.py")
 

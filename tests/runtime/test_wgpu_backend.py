@@ -301,7 +301,7 @@ def test_a_profile_times_every_dispatch_of_a_decode_step_once(vulkan, tiny_model
     monkeypatch.setattr(backend, "_encode", lambda ds: (encoded.extend((d.kernel, d.groups) for d in ds), encode(ds)))
     token = int(np.argmax(ex.forward(session, [token])))
     monkeypatch.undo()
-    assert len(encoded) == 5 * len(ex.blocks) + 1 and all(kernel for kernel, _ in encoded)
+    assert len(encoded) == 6 * len(ex.blocks) + 1 and all(kernel for kernel, _ in encoded)
     backend.timer = timer(mode, backend)
     logits = ex.forward(session, [token])
     entries = backend.timer.entries()

@@ -104,7 +104,7 @@ def decode_attention_kernel(kind: BlockKind, rotary: bool) -> tuple[str, tvm.tir
                 end: T.let = T.min(start + per, n + 1)
                 col: T.let = t % D
                 lane: T.let = t // D
-                if t < D:
+                if t < D and chunk < used:  # (chunk 0 holds position 0: the append's workgroups are in)
                     if rotary:
                         q_sh[t] = rotated(qkv, cos, sin, h * D, t) * T.float32(SCALE)
                         k_new[t] = rotated(qkv, cos, sin, H * D + kv * D, t)

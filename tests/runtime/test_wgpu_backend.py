@@ -327,9 +327,9 @@ def test_a_profile_without_timestamps_is_one_line_naming_the_fallback():
     assert isinstance(timer("submit", lacking), SubmitTimer)
 
 
-SPLIT_SHAPES = [(4, 2, 16), (6, 2, 64), (2, 1, 128)]
-"""(heads, KV heads, head_dim): the tiny model's, SmolLM2's group of three at its head_dim, and a 16-position
-tile (kernels/webgpu/attention.tile)."""
+SPLIT_SHAPES = [(4, 2, 16, True), (4, 2, 16, False), (6, 2, 64, True), (2, 1, 128, True)]
+"""(heads, KV heads, head_dim, rotary): the tiny model's (also its variant taking q, k, v already rotated),
+SmolLM2's group of three at its head_dim, and a 16-position tile (kernels/webgpu/attention.tile)."""
 SPLIT_HISTORIES = [0, 20, 31, 32, 100, 1100]
 """`past`: the new row alone, one chunk crossing a page, one full tile, the new row alone in a second chunk,
 four chunks (the last ragged), and 18 chunks of two tiles each (kernels/webgpu/attention.CHUNKS)."""
@@ -353,8 +353,8 @@ def _split_attention_case(heads: int, kv_heads: int, head_dim: int, rotary: bool
     return kind, build_package(tvm.IRModule({symbol: func}), WebGpuTarget().tvm_target()), symbol
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", SPLIT_SHAPES)
-def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim):
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary", SPLIT_SHAPES)
+def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim, rotary):
     """kernels/webgpu/attention.py called straight on the backend (rotary, append and the chunks' merge),
     histories of one chunk to many over shuffled pages, against numpy: the output, the rotated k and v, and
     the pages (the new row written, nothing else changed)."""
@@ -367,7 +367,7 @@ def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim)
     from jitllm.runtime.backends.wgpu import WgpuBackend
     from jitllm.runtime.backends.wgpu_plan import HostFunction, Kernels
 
-    kind, package, symbol = _split_attention_case(heads, kv_heads, head_dim, True)
+    kind, package, symbol = _split_attention_case(heads, kv_heads, head_dim, rotary)
     backend = WgpuBackend("vulkan", 0, vulkan, True)
     run = HostFunction(symbol, package["functions"][symbol], Kernels(backend, package["kernels"]))
     H, HKV, D, P = heads, kv_heads, head_dim, kind.page_size
@@ -379,8 +379,9 @@ def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim)
         qkv = rng.standard_normal((1, 1, (H + 2 * HKV) * D)).astype(np.float32)
         cos, sin = rope_tables(np.array([[past]]), D, 10000.0)
         heads_of = qkv.reshape(1, 1, H + 2 * HKV, D)
-        q = rope(heads_of[:, :, :H], cos, sin)[0, 0] / np.sqrt(D)
-        k_new, v_new = rope(heads_of[:, :, H:H + HKV], cos, sin)[0, 0], heads_of[0, 0, H + HKV:]
+        turn = (lambda x: rope(x, cos, sin)) if rotary else (lambda x: x)  # noqa: E731
+        q = turn(heads_of[:, :, :H])[0, 0] / np.sqrt(D)
+        k_new, v_new = turn(heads_of[:, :, H:H + HKV])[0, 0], heads_of[0, 0, H + HKV:]
         rows = np.arange(past + 1)
         want_pool = pool.copy()
         want_pool[table[0, past // P], 0, :, past % P] = k_new
@@ -392,12 +393,20 @@ def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim)
         weights = np.exp(scores - scores.max(axis=1, keepdims=True))
         want = np.einsum("hp,phd->hd", weights / weights.sum(axis=1, keepdims=True), values[:, group])
         pages = backend.upload(pool)
-        outs = [backend.empty(s, "float32") for s in ((H, 32, D + 2), (1, 1, H, D), (1, 1, HKV, D), (1, 1, HKV, D))]
-        run(backend.upload(qkv), backend.upload(cos), backend.upload(sin), pages, backend.upload(table),
-            backend.upload(np.array([past], np.int32)), backend.upload(np.zeros(1, np.uint32)), *outs)
-        got, k_got, v_got = (backend.download(o) for o in outs[1:])
+        shapes = [(H, 32, D + 2), (1, 1, H, D)] + [(1, 1, HKV, D)] * (2 if rotary else 0)
+        outs = [backend.empty(s, "float32") for s in shapes]
+        if rotary:
+            ins = [backend.upload(qkv), backend.upload(cos), backend.upload(sin)]
+        else:
+            ins = [backend.upload(np.ascontiguousarray(heads_of[:, :, a:b])) for a, b in
+                   ((0, H), (H, H + HKV), (H + HKV, H + 2 * HKV))]
+        run(*ins, pages, backend.upload(table), backend.upload(np.array([past], np.int32)),
+            backend.upload(np.zeros(1, np.uint32)), *outs)
+        got = backend.download(outs[1])
         assert np.abs(got[0, 0] - want).max() < 2e-5, (past, np.abs(got[0, 0] - want).max())
-        assert np.abs(k_got[0, 0] - k_new).max() < 1e-6 and np.array_equal(v_got[0, 0], v_new), past
+        if rotary:
+            k_got, v_got = backend.download(outs[2]), backend.download(outs[3])
+            assert np.abs(k_got[0, 0] - k_new).max() < 1e-6 and np.array_equal(v_got[0, 0], v_new), past
         assert np.abs(backend.download(pages) - want_pool).max() < 1e-6, past
 
 

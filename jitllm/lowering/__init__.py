@@ -14,5 +14,6 @@ so a prompt's rows are gathered on the device that holds them."""
 ARGMAX_FUNCTION = "argmax"
 """The greedy pick compiled beside a GPU head's decode `main`: the device finds the largest logit, so a greedy
 step brings back one token instead of the vocabulary's logits."""
-KERNEL_PACKAGE_FORMAT = 1
-"""The layout version of a kernel package (lowering/kernel_package.py writes it, runtime/backends/wgpu.py reads it)."""
+KERNEL_PACKAGE_FORMAT = 2
+"""The layout version of a kernel package (lowering/kernel_package.py writes it, runtime/backends/wgpu.py reads it;
+2: a host function's steps may make scratch buffers)."""

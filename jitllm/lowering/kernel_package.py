@@ -6,9 +6,11 @@ schedules; the TIR pipeline up to SplitHostDevice, int32 indices), and then, ins
 (whose host code only TVM's JavaScript runtime could launch), the plan is read off the lowered IR:
 - each Relax function's bindings in order: a call of a TIR function over its arguments into fresh outputs
   (shapes as expressions of the function's symbolic dims), a reshape (a view), a tuple and its items;
-- each TIR function's host part: its parameters' shapes and dtypes, its `let`s, and each kernel launch
-  (the kernel, which parameter is each storage binding, the uniform's int32 values, the grid), with every
-  expression kept as a small JSON tree over the symbolic dims (int32 arithmetic).
+- each TIR function's host part: its parameters' shapes and dtypes, its `let`s, its scratch buffers (a
+  global `alloc_buffer` of the function: kernels of one function passing values to the next), and each
+  kernel launch (the kernel, which parameter or scratch buffer is each storage binding, the uniform's int32
+  values, the grid), with every expression kept as a small JSON tree over the symbolic dims (int32
+  arithmetic).
 The kernels' calling convention is TVM's WebGPU one (tvm/web/src/webgpu.ts): storage buffers bound in
 kernel argument order, then one uniform of the POD arguments followed by `packGridDimX`.
 """
@@ -144,8 +146,9 @@ def expr_tree(e) -> int | float | str | list:
 
 
 def _host_function(func: tirx.PrimFunc, kernels: dict) -> dict:
-    """A TIR function's host part: params [{shape, dtype}], and its steps in order: ["let", name, expr]
-    and ["launch", kernel, [param index of each storage binding], [pod exprs], [grid exprs]]."""
+    """A TIR function's host part: params [{shape, dtype}], and its steps in order: ["let", name, expr],
+    ["scratch", [shape exprs], dtype] (a buffer numbered after the params and the scratch before it) and
+    ["launch", kernel, [param or scratch number of each storage binding], [pod exprs], [grid exprs]]."""
     params, data_of = [], {}  # buffer (its object handle) -> parameter index
     for i, buf in enumerate(func.params):  # (a parameter is its buffer)
         params.append({"shape": [expr_tree(d) for d in buf.shape], "dtype": str(buf.dtype)})
@@ -161,6 +164,12 @@ def _host_function(func: tirx.PrimFunc, kernels: dict) -> dict:
         elif isinstance(stmt, tirx.LetStmt):
             steps.append(["let", stmt.var.name, expr_tree(stmt.value)])
             visit(stmt.body)
+        elif isinstance(stmt, tirx.AllocBuffer):
+            buf = stmt.buffer
+            if buf.scope() != "global":
+                raise JitllmError(f"webgpu: cannot plan a host allocation in {buf.scope()} memory ({buf.name})")
+            data_of[buf.__chandle__()] = len(params) + sum(s[0] == "scratch" for s in steps)
+            steps.append(["scratch", [expr_tree(d) for d in buf.shape], str(buf.dtype)])
         elif isinstance(stmt, tirx.DeclBuffer):  # a view over a parameter's data (tirx.buffer_data(param))
             data_of[stmt.buffer.__chandle__()] = data_of.get(_buffer_of(stmt.data))
         elif isinstance(stmt, tirx.AttrStmt):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jitllm.lowering import KERNEL_PACKAGE_FORMAT
 from jitllm.random_model import write_random_model
 from jitllm.runtime.backends.wgpu_plan import evaluate
 
@@ -33,7 +34,7 @@ def test_compile_fills_the_cache_with_kernel_packages(tiny_model, tmp_path):
     assert sum("argmax" in json.loads(p.read_text())["functions"] for p in packages) == 1
     for path in packages:
         package = json.loads(path.read_text())
-        assert package["format"] == 1 and set(package["programs"]) == {"main"}
+        assert package["format"] == KERNEL_PACKAGE_FORMAT and set(package["programs"]) == {"main"}
         kernels, functions = package["kernels"], package["functions"]
         for name, kernel in kernels.items():
             assert f"fn {name}(" in kernel["wgsl"] and "@compute" in kernel["wgsl"]
@@ -43,11 +44,12 @@ def test_compile_fills_the_cache_with_kernel_packages(tiny_model, tmp_path):
                 assert re.search(r"\bw_ptr : array<vec4<[iuf]32>>", kernel["wgsl"]), name
         launched = set()
         for function in functions.values():
+            scratch = sum(step[0] == "scratch" for step in function["steps"])
             for step in function["steps"]:
                 if step[0] == "launch":
                     _, kernel, bound, pods, grid = step
                     launched.add(kernel)
-                    assert len(bound) == kernels[kernel]["storage"] and max(bound) < len(function["params"])
+                    assert len(bound) == kernels[kernel]["storage"] and max(bound) < len(function["params"]) + scratch
                     assert len(pods) == len(kernels[kernel]["pods"])
                     assert len(grid) == len(kernels[kernel]["launch"])
         assert launched == set(kernels)  # (every kernel is launched by some function)

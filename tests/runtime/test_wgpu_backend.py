@@ -79,7 +79,7 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     recorded = dict(stats)
     step = recorded["dispatches"] - prefilled["dispatches"]
     assert recorded["submits"] - prefilled["submits"] == 1
-    assert step == 5 * len(ex.blocks) + 1  # (a block: norm+QKV, rotary+append+attention, O+add, norm+gate/up, down)
+    assert step == 6 * len(ex.blocks) + 1  # (a block: norm+QKV, rotary+append+attention, its merge, O+add, norm+gate/up, down)
     for _ in range(3):
         token = int(np.argmax(ex.forward(session, [token])))
     assert stats["submits"] - recorded["submits"] == 3
@@ -93,12 +93,12 @@ def test_a_decode_step_is_one_submit_of_replayed_dispatches(vulkan, tiny_model, 
     assert len(list(ex.greedy_tokens(session, token, 3))) == 3
     assert any("pipelined" in key for key in ex._graphs)
     assert (stats["submits"] - before["submits"], stats["reads"] - before["reads"]) == (3, 3)  # (the token alone)
-    assert stats["dispatches"] - before["dispatches"] == 3 * (step + 2)  # (and the embedding gather, the pick)
+    assert stats["dispatches"] - before["dispatches"] == 3 * (step + 3)  # (and the embedding gather, the pick's two)
 
 
 def test_decode_attention_past_one_chunk_of_history_gives_the_hosts_logits(vulkan, tiny_model, cache_dir):
-    """The decode attention scores 128 positions a chunk (kernels/webgpu/attention.NT): steps whose history
-    crosses into the second chunk."""
+    """The decode attention splits a history over chunks of 32 positions (kernels/webgpu/attention.tile) and
+    merges them: steps of four and five chunks, the new position alone in the fifth, through the whole model."""
     prompt = [4 + i % 250 for i in range(126)]
     host = load(tiny_model, devices="cpu", ctx=160, cache_dir=cache_dir, cpu_kernels="exact")
     on_vulkan = load(tiny_model, devices=vulkan, ctx=160, cache_dir=cache_dir, no_gpu_fallback=True)
@@ -301,7 +301,7 @@ def test_a_profile_times_every_dispatch_of_a_decode_step_once(vulkan, tiny_model
     monkeypatch.setattr(backend, "_encode", lambda ds: (encoded.extend((d.kernel, d.groups) for d in ds), encode(ds)))
     token = int(np.argmax(ex.forward(session, [token])))
     monkeypatch.undo()
-    assert len(encoded) == 5 * len(ex.blocks) + 1 and all(kernel for kernel, _ in encoded)
+    assert len(encoded) == 6 * len(ex.blocks) + 1 and all(kernel for kernel, _ in encoded)
     backend.timer = timer(mode, backend)
     logits = ex.forward(session, [token])
     entries = backend.timer.entries()
@@ -325,3 +325,119 @@ def test_a_profile_without_timestamps_is_one_line_naming_the_fallback():
     with pytest.raises(JitllmError, match="lacks timestamp-query.*-profile submit"):
         timer("timestamps", lacking)
     assert isinstance(timer("submit", lacking), SubmitTimer)
+
+
+SPLIT_SHAPES = [(4, 2, 16, True), (4, 2, 16, False), (6, 2, 64, True), (2, 1, 128, True)]
+"""(heads, KV heads, head_dim, rotary): the tiny model's (also its variant taking q, k, v already rotated),
+SmolLM2's group of three at its head_dim, and a 16-position tile (kernels/webgpu/attention.tile)."""
+SPLIT_HISTORIES = [0, 20, 31, 32, 100, 1100]
+"""`past`: the new row alone, one chunk crossing a page, one full tile, the new row alone in a second chunk,
+four chunks (the last ragged), and 18 chunks of two tiles each (kernels/webgpu/attention.CHUNKS)."""
+
+
+def _split_attention_case(heads: int, kv_heads: int, head_dim: int, rotary: bool):
+    """The decode attention kernel of such a kind as a package function on a backend: (kind, function)."""
+    import dataclasses
+
+    import tvm
+
+    from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
+    from jitllm.lowering.kernel_package import build_package
+    from jitllm.lowering.kernels.webgpu.attention import decode_attention_kernel
+    from jitllm.lowering.targets.webgpu import WebGpuTarget
+    from jitllm.random_model import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["tiny"], heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    kind = llama_block_kind(cfg, {n: "f32" for n in BLOCK_LINEARS}).decode_variant()
+    symbol, func = decode_attention_kernel(kind, rotary)
+    return kind, build_package(tvm.IRModule({symbol: func}), WebGpuTarget().tvm_target()), symbol
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary", SPLIT_SHAPES)
+def test_split_decode_attention_against_numpy(vulkan, heads, kv_heads, head_dim, rotary):
+    """kernels/webgpu/attention.py called straight on the backend (rotary, append and the chunks' merge),
+    histories of one chunk to many over shuffled pages, against numpy: the output, the rotated k and v, and
+    the pages (the new row written, nothing else changed)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from reference import rope, rope_tables
+
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+    from jitllm.runtime.backends.wgpu_plan import HostFunction, Kernels
+
+    kind, package, symbol = _split_attention_case(heads, kv_heads, head_dim, rotary)
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    run = HostFunction(symbol, package["functions"][symbol], Kernels(backend, package["kernels"]))
+    H, HKV, D, P = heads, kv_heads, head_dim, kind.page_size
+    rng = np.random.default_rng(7)
+    for past in SPLIT_HISTORIES:
+        n_pages = past // P + 1
+        pool = rng.standard_normal((n_pages + 2, 2, HKV, P, D)).astype(np.float32)
+        table = rng.permutation(n_pages + 2)[None, :n_pages].astype(np.int32)
+        qkv = rng.standard_normal((1, 1, (H + 2 * HKV) * D)).astype(np.float32)
+        cos, sin = rope_tables(np.array([[past]]), D, 10000.0)
+        heads_of = qkv.reshape(1, 1, H + 2 * HKV, D)
+        turn = (lambda x: rope(x, cos, sin)) if rotary else (lambda x: x)  # noqa: E731
+        q = turn(heads_of[:, :, :H])[0, 0] / np.sqrt(D)
+        k_new, v_new = turn(heads_of[:, :, H:H + HKV])[0, 0], heads_of[0, 0, H + HKV:]
+        rows = np.arange(past + 1)
+        want_pool = pool.copy()
+        want_pool[table[0, past // P], 0, :, past % P] = k_new
+        want_pool[table[0, past // P], 1, :, past % P] = v_new
+        keys = want_pool[table[0, rows // P], 0][np.arange(past + 1), :, rows % P]  # [positions, HKV, D]
+        values = want_pool[table[0, rows // P], 1][np.arange(past + 1), :, rows % P]
+        group = np.repeat(np.arange(HKV), H // HKV)
+        scores = np.einsum("hd,phd->hp", q.astype(np.float64), keys[:, group])
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        want = np.einsum("hp,phd->hd", weights / weights.sum(axis=1, keepdims=True), values[:, group])
+        pages = backend.upload(pool)
+        shapes = [(H, 32, D + 2), (1, 1, H, D)] + [(1, 1, HKV, D)] * (2 if rotary else 0)
+        outs = [backend.empty(s, "float32") for s in shapes]
+        if rotary:
+            ins = [backend.upload(qkv), backend.upload(cos), backend.upload(sin)]
+        else:
+            ins = [backend.upload(np.ascontiguousarray(heads_of[:, :, a:b])) for a, b in
+                   ((0, H), (H, H + HKV), (H + HKV, H + 2 * HKV))]
+        run(*ins, pages, backend.upload(table), backend.upload(np.array([past], np.int32)),
+            backend.upload(np.zeros(1, np.uint32)), *outs)
+        got = backend.download(outs[1])
+        assert np.abs(got[0, 0] - want).max() < 2e-5, (past, np.abs(got[0, 0] - want).max())
+        if rotary:
+            k_got, v_got = backend.download(outs[2]), backend.download(outs[3])
+            assert np.abs(k_got[0, 0] - k_new).max() < 1e-6 and np.array_equal(v_got[0, 0], v_new), past
+        assert np.abs(backend.download(pages) - want_pool).max() < 1e-6, past
+
+
+def test_the_greedy_pick_is_numpys_argmax_ties_to_the_lowest_index(vulkan):
+    """kernels/webgpu/argmax.py (a workgroup per 1,024 logits, then one over their picks) on the backend:
+    random logits, the largest value repeated within a slice and across slices (the lowest index wins),
+    the largest in the ragged last slice, and every logit equal."""
+    import tvm
+
+    from jitllm.lowering.kernel_package import build_package
+    from jitllm.lowering.kernels.webgpu.argmax import SPAN, argmax_kernel
+    from jitllm.lowering.targets.webgpu import WebGpuTarget
+    from jitllm.runtime.backends.wgpu import WgpuBackend
+    from jitllm.runtime.backends.wgpu_plan import HostFunction, Kernels
+
+    vocab = 4 * SPAN + 200
+    symbol, func = argmax_kernel(vocab)
+    package = build_package(tvm.IRModule({symbol: func}), WebGpuTarget().tvm_target())
+    grids = [step[4] for step in package["functions"][symbol]["steps"] if step[0] == "launch"]
+    assert grids == [[5, 256], [1, 256]]  # (five slices, the last ragged; then their pick)
+    backend = WgpuBackend("vulkan", 0, vulkan, True)
+    run = HostFunction(symbol, package["functions"][symbol], Kernels(backend, package["kernels"]))
+    rng = np.random.default_rng(11)
+    cases = []
+    for ties in ([3 * SPAN + 7, 3 * SPAN + 300, SPAN + 900], [SPAN + 5, SPAN + 261, SPAN + 1000], [vocab - 1],
+                 [2 * SPAN + 256, 2 * SPAN]):
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        logits[ties] = 9.0
+        cases.append(logits)
+    cases.append(np.full(vocab, -2.5, np.float32))
+    for logits in cases:
+        token = backend.empty((1,), "int32")
+        run(backend.upload(logits.reshape(1, 1, vocab)), token)
+        assert int(backend.download(token)[0]) == int(np.argmax(logits))

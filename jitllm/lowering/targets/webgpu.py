@@ -25,7 +25,8 @@ class WebGpuTarget(KernelSet):
     kind, whose linears have one static row (a matvec of its own, kernels/webgpu/linear.gemv_kernel, where
     the general kind's matmul schedule pads the row to a 32-row tile, with the norm / SwiGLU / residual
     folded in), whose attention appends the step's K and V itself (no append dispatch after `main`), and
-    whose head picks the greedy token on the device: five dispatches a llama block."""
+    whose head picks the greedy token on the device: six dispatches a llama block (the attention split over
+    history chunks is two: the chunks, then their merge)."""
 
     name = "webgpu"
     caps = TargetCaps(KERNEL_PACKAGE, fuse_linears=True, decode_variants=True, decode_appends_kv=True,
@@ -78,7 +79,8 @@ class WebGpuTarget(KernelSet):
 
     def split_attention_kernel(self, kind, rotary: bool = False):
         """Decode variants: one kernel for the step's attention, its KV append and (`rotary`) the rotary
-        embedding (kernels/webgpu/attention.py; CUDA's split attention needs atomics and shuffles)."""
+        embedding (kernels/webgpu/attention.py: the chunks, then a merge dispatch; CUDA's last-arriving merge
+        needs a device-scope fence WGSL has not)."""
         from jitllm.lowering.kernels.webgpu.attention import decode_attention_kernel
 
         return decode_attention_kernel(kind, rotary)

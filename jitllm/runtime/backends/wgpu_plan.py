@@ -132,12 +132,16 @@ class HostFunction:
         self._recordings: OrderedDict = OrderedDict()
 
     def record(self, tensors: list) -> list[Dispatch]:
+        """The dispatches of a call over `tensors`; its scratch buffers are made here, once per recording."""
         env: dict[str, int] = {}
         bind_shapes(self.spec["params"], tensors, env, self.name)
         out = []
         for step in self.spec["steps"]:
             if step[0] == "let":
                 env[step[1]] = evaluate(step[2], env)
+                continue
+            if step[0] == "scratch":
+                tensors.append(self.kernels.backend.empty(tuple(evaluate(d, env) for d in step[1]), step[2]))
                 continue
             _, kernel, bound, pods, grid = step
             out.append(self.kernels.dispatch(kernel, [tensors[i] for i in bound], [evaluate(p, env) for p in pods],

@@ -60,7 +60,7 @@ def test_buckets():
 
 @pytest.mark.parametrize("count,bucket", [(3, 4), (5, 8)])
 def test_padded_bucket_steps_equal_eager_steps_and_each_session_alone(tiny_model, cache_dir, count, bucket):
-    model, (sim0, _) = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0", kv_type="f32")
+    model, _ = load_on_simulated(tiny_model, cache_dir, placement="*=sim:0,head=sim:0", kv_type="f32")
     ex = model.executor
     grown(model)
     ps = prompts(count)

@@ -27,8 +27,10 @@ def batch_sizes(ctx, param, value: str) -> list[int]:
 @opt("ub", "token_budget", type=click.IntRange(min=1), default=512, show_default=True,
      help="tokens per step (prompts are prefilled in chunks under it, beside decoding sessions)")
 @opt("json", "as_json", is_flag=True, help="one JSON object per row (llama-batched-bench's jsonl keys)")
+@opt("eager", is_flag=True,
+     help="run batched decode steps eagerly, not as captured graphs per batch-size bucket (CUDA), to compare")
 @placement_options(devices="gpu")
-def batch(model_path, batches, prompt_tokens, gen_tokens, reps, token_budget, as_json, **flags) -> None:
+def batch(model_path, batches, prompt_tokens, gen_tokens, reps, token_budget, as_json, eager, **flags) -> None:
     """Batched prefill and decode over B sessions at once, as llama-batched-bench prints them (default
     devices: gpu; -devices cpu runs on the host)."""
     from jitllm.batch_bench import HEADER, json_row, measure, table_row, warm_up
@@ -40,6 +42,7 @@ def batch(model_path, batches, prompt_tokens, gen_tokens, reps, token_budget, as
     if prompt_tokens + gen_tokens + 1 > model.executor.ctx:
         raise click.UsageError(f"-p {prompt_tokens} -n {gen_tokens} do not fit the context of {model.executor.ctx}")
     ex = model.executor
+    ex.batch_graphs = not eager
     warm_up(ex)
     if not as_json:
         click.echo(HEADER)

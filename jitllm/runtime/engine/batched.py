@@ -10,6 +10,7 @@ plans of the batch scheduler (batch_scheduler.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -17,9 +18,10 @@ from jitllm.core.errors import JitllmError
 from jitllm.ir.block_type import KV_PAGES
 from jitllm.runtime.backends.base import Tensor
 from jitllm.runtime.device import Device
+from jitllm.runtime.engine import batch_graphs
 from jitllm.runtime.engine.faults import device_faults
 from jitllm.runtime.engine.forward import check_context, current_segments
-from jitllm.runtime.engine.step_graphs import Segment
+from jitllm.runtime.engine.step_graphs import PlainTransfers, Segment, Transfers
 from jitllm.runtime.model_layout import HEAD
 from jitllm.runtime.program import Program
 
@@ -87,14 +89,19 @@ def batched_forward(ex, work: list[tuple[object, list[int]]]) -> np.ndarray:
     x: Tensor | np.ndarray = ex.embed([t for _, ids in work for t in ids])[None]
     source: Device | None = None
     logits = None
-    for segment in current_segments(ex):
+    found = current_segments(ex)
+    bucket = batch_graphs.bucket_of(ex, work, found)  # (None: this step runs eagerly)
+    for segment in found:
         with device_faults(segment.device):
-            x, logits = _run_segment(ex, work, segment, x, source, rows)
+            if bucket is None:
+                x, logits = _run_segment(ex, work, segment, x, source, rows)
+            else:
+                x, logits = batch_graphs.replay_segment(ex, work, segment, x, source, bucket)
         source = segment.device
     for session, ids in work:
         session.length += len(ids)
         session.tokens += ids
-    return source.download(logits)[0]
+    return logits[: len(work)].copy() if isinstance(logits, np.ndarray) else source.download(logits)[0]
 
 
 TABLE_WIDTH_STEP = 16
@@ -114,16 +121,19 @@ class RaggedInputs:
     """A batched step's small inputs on one device as views of two buffers (int32: each session's history
     length, first rows and last row, and every block's page table; float32: cos and sin of each row),
     written with one copy each per step and laid out afresh only when the batch's shape changes (one upload
-    per input per block was half of the step's host time)."""
+    per input per block was half of the step's host time). Its host arrays come from `transfers` (a
+    captured step's: page-locked on CUDA, so `upload` can be a node of its graph)."""
 
-    def __init__(self, device: Device, sessions: int, rows: int, width: int, blocks: int, half: int) -> None:
+    def __init__(self, device: Device, sessions: int, rows: int, width: int, blocks: int, half: int,
+                 transfers: Transfers | None = None) -> None:
         self.shape = (sessions, rows, width, blocks)
         self.device = device
+        self.transfers = transfers or PlainTransfers(device)
         sizes = [(sessions,), (sessions + 1,), (sessions,)] + [(sessions, width)] * blocks
         self._int_at = np.cumsum([0] + [_aligned(int(np.prod(s))) for s in sizes]).tolist()
-        self.ints = np.zeros(self._int_at[-1], np.int32)
+        self.ints = self.transfers.host_array((self._int_at[-1],), "int32")
         self._float_at = _aligned(rows * half)
-        self.floats = np.zeros(2 * self._float_at, np.float32)
+        self.floats = self.transfers.host_array((2 * self._float_at,), "float32")
         self.int_tensor = device.empty(self.ints.shape, "int32")
         self.float_tensor = device.empty(self.floats.shape, "float32")
         self.past, self.starts, self.last, *self.tables = device.aliases(
@@ -132,7 +142,7 @@ class RaggedInputs:
                                                                 ((1, rows, half), "float32", 4 * self._float_at)))
 
     def fill(self, rows: RaggedRows, tables: list[list[list[int]]], cos: np.ndarray, sin: np.ndarray) -> None:
-        """This step's values (`tables`: per block, each session's page ids), in two copies."""
+        """This step's values (`tables`: per block, each session's page ids) into the host arrays."""
         sessions, count, width, _ = self.shape
         ints, at = self.ints, self._int_at
         ints[at[0]:at[0] + sessions] = rows.past
@@ -145,8 +155,11 @@ class RaggedInputs:
         n = count * cos.shape[1]
         self.floats[:n] = cos[rows.positions].ravel()
         self.floats[self._float_at:self._float_at + n] = sin[rows.positions].ravel()
-        self.device.write(self.int_tensor, ints)
-        self.device.write(self.float_tensor, self.floats)
+
+    def upload(self) -> None:
+        """The host arrays into the device buffers: two copies."""
+        self.transfers.copy_in(self.int_tensor, self.ints)
+        self.transfers.copy_in(self.float_tensor, self.floats)
 
 
 def staged_inputs(ex, segment: Segment, work, rows: RaggedRows) -> RaggedInputs:
@@ -159,20 +172,29 @@ def staged_inputs(ex, segment: Segment, work, rows: RaggedRows) -> RaggedInputs:
     if staged is None or staged.shape != shape:
         staged = ex._ragged_inputs[dev.name] = RaggedInputs(dev, *shape, ex.layout.config.head_dim // 2)
     staged.fill(rows, tables, *ex.rope)
+    staged.upload()
     return staged
 
 
 def _run_segment(ex, work, segment: Segment, x, source: Device | None, rows: RaggedRows):
     dev = segment.device
     h = dev.upload(x) if isinstance(x, np.ndarray) else dev.receive(x, source)
-    staged = staged_inputs(ex, segment, work, rows)
+    return run_units(ex, segment, h, staged_inputs(ex, segment, work, rows))
+
+
+def run_units(ex, segment: Segment, h: Tensor, staged: RaggedInputs,
+              call: Callable = lambda fn, *args: fn(*args)) -> tuple[Tensor, Tensor | None]:
+    """The segment's ragged variants over `h` and `staged`, launched through `call` (directly, or recorded
+    into a graph: batch_graphs.py): the hidden state out and, where the segment ends with the head, the
+    logits of each session's last row."""
+    pages = ex.pools[segment.device.name].pages if segment.blocks else None
     for unit, pt in zip(segment.blocks, staged.tables):
-        pages = ex.pools[dev.name].pages
         program = ragged_program(ex, unit)
-        h, k, v = program.main(h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts, *unit.call_weights())
+        h, k, v = call(program.main, h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts,
+                       *unit.call_weights())
         unit.launched()
-        program.append(pages, k, v, pt, staged.past, staged.starts)
+        call(program.append, pages, k, v, pt, staged.past, staged.starts)
     if segment.head is None:
         return h, None
     head = ragged_program(ex, segment.head)
-    return h, head.main(h, staged.last, *segment.head.weights)
+    return h, call(head.main, h, staged.last, *segment.head.weights)

@@ -60,9 +60,12 @@ def capture(ex, key: tuple, segment: Segment, step: StepInputs, objects: list,
     return record
 
 
-def drop(ex, session=None) -> None:
-    """Forget captured steps (of one session, or all: after a move they would hold freed memory)."""
+def drop(ex, session=None, devices: tuple[str, ...] | None = None) -> None:
+    """Forget captured steps (of one session, or all: after a move they would hold freed memory); where no
+    session is named, the batched steps captured on `devices` too (all where None: batch_graphs.py)."""
     ex.drain()
     for key in [k for k in ex._graphs if session is None or k[0] == session.id]:
         del ex._graphs[key]
+    if session is None:
+        ex._batch_graphs.drop(devices)
     ex._epoch += 1

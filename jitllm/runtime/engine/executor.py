@@ -18,7 +18,7 @@ from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import BlockKind
 from jitllm.ir.rope import rope_tables
 from jitllm.runtime.device import Device
-from jitllm.runtime.engine import all_logits, batched, captured, forward, kv, pipelined, units
+from jitllm.runtime.engine import all_logits, batch_graphs, batched, captured, forward, kv, pipelined, units
 from jitllm.runtime.engine.embedding import TokenEmbedding
 from jitllm.runtime.engine.kv_pages import PagePool, PageTable
 from jitllm.runtime.engine.packed_weights import PackedWeights
@@ -53,6 +53,8 @@ class Executor:
         self._graphs: dict[tuple, GraphRecord] = {}
         """(session, the segment's first unit, whether its step ends with the greedy pick) -> its graph; a
         pipelined greedy step's are (session, first unit, "pipelined", slot)."""
+        self._batch_graphs = batch_graphs.BatchGraphs()
+        """Captured batched decode steps, one per batch-size bucket and segment (batch_graphs.py)."""
         self._epoch = 0
         """Bumped whenever pages are handed out (a pool may have grown) or captured steps are dropped
         (moves, resets): a record checked at the current epoch replays without its signature rebuilt,
@@ -69,6 +71,9 @@ class Executor:
         self.sessions: dict[int, Session] = {}
         self.graphs = True
         """Decode steps of devices that can capture them run as graphs (step_graphs.py)."""
+        self.batch_graphs = True
+        """Batched decode steps there too, one graph per batch-size bucket (batch_graphs.py); off: they run
+        eagerly (`jitllm batch -eager`)."""
         self.relocate: Callable[[Device, Exception], None] | None = None
         """Called when a device cannot grow the context; moves a block off it (or raises)."""
 
@@ -162,5 +167,7 @@ class Executor:
     def drain(self) -> None:
         pipelined.drain(self)
 
-    def drop_graphs(self, session: Session | None = None) -> None:
-        captured.drop(self, session)
+    def drop_graphs(self, session: Session | None = None, devices: tuple[str, ...] | None = None) -> None:
+        """Forget captured steps: a session's, or all batch-1 ones and the batched ones on `devices` (all
+        where None)."""
+        captured.drop(self, session, devices)

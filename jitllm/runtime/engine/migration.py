@@ -140,7 +140,7 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
         source.release(unit.nbytes)
     unit.device, unit.kind, unit.weights, unit.program, unit.decode_program = dest, kind, weights, program, decode_program
     unit.stream = stream
-    executor.drop_graphs()  # captured steps hold the source's weights and pages
+    executor.drop_graphs(devices=(source.name, dest.name))  # captured steps hold the source's weights and pages
     for session in executor.sessions.values():  # the next step checks every table again (a session
         session.kv_room = 0  # without pages of this block got an empty one above)
     clock.mark("switch")

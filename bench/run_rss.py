@@ -182,7 +182,7 @@ def show(r: dict) -> bool:
     grown = p["decode"]["RssAnon"] - base
     print(f"budget: weights held off the map {mib(h['weights'])} + KV used {mib(h['kv_used'])} "
           f"({h['positions']} positions x {h['kv_position_bytes']} B) + {mib(MARGIN)} = {mib(budget)} MiB; "
-          f"KV pools hold {mib(h['kv_pool'])} MiB")
+          f"KV pools: pages {mib(h['kv_pool'])} MiB, tensors {mib(h['kv_reserved'])} MiB")
     ok = grown <= budget
     print(f"goal: growth after the imports {mib(grown)} <= {mib(budget)} MiB: {'holds' if ok else 'MISSED'} "
           f"(peak growth {mib(r['peak_anon'] - base)})")

@@ -45,6 +45,12 @@ class Device:
     """Applied to each new weights buffer before its weights are written (the host's NUMA interleaving:
     runtime/numa.py); None: where the allocator put it."""
 
+    @property
+    def memory_on_touch(self) -> bool:
+        """Its new allocations take memory only as they are written (BackendCaps.memory_on_touch), no
+        allocator of other memory (the page-locked host pool, which locks it all at once) standing in."""
+        return self.backend.caps.memory_on_touch and self.allocator is None
+
     def reserve(self, nbytes: int, what: str, kv: bool = False) -> None:
         """Charge `nbytes` of weights (or, with `kv`, of KV pages) to its budget, or raise charging nothing."""
         used, budget = (self.kv_bytes, self.kv_budget_bytes) if kv else (self.used_bytes, self.budget_bytes)

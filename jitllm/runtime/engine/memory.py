@@ -14,7 +14,9 @@ class HostMemory:
     weights: int
     """Bytes of unit weights in host allocations (PackedWeights buffers; streamed units hold none)."""
     kv_pool: int
-    """Bytes of the host pools' page tensors."""
+    """Bytes of the pages the host pools have ids for (what their devices' KV budgets are charged)."""
+    kv_reserved: int
+    """Bytes of the host pools' tensors (their rows: reserved ahead where memory comes as it is written)."""
     kv_used: int
     """Bytes of KV the given sessions' positions take: positions x kv_position_bytes, per session."""
     kv_position_bytes: int
@@ -34,7 +36,8 @@ def host_memory(ex, sessions=()) -> HostMemory:
     weights = sum(int(u.weights.buffer.shape[0]) for u in units if u.weights is not None and in_host_memory(u.device))
     pools = [p for p in ex.pools.values() if in_host_memory(p.device)]
     kv_pool = sum(p.num_pages * p.page_bytes for p in pools)
+    reserved = sum(p.rows * p.page_bytes for p in pools)
     per_position = sum(ex.pools[u.device.name].page_bytes // ex.pools[u.device.name].page_size
                        for u in ex.blocks if u.state == KV_PAGES and in_host_memory(u.device))
     used = sum(s.length for s in sessions) * per_position
-    return HostMemory(weights, kv_pool, used, per_position)
+    return HostMemory(weights, kv_pool, reserved, used, per_position)

@@ -103,8 +103,8 @@ class PagePool:
             if want is None:
                 return None
             need = self.num_pages + count - self.free_pages
-            if need <= self.rows and self.step:
-                want = min(-(-need // self.step) * self.step, self.rows, want)
+            if need <= self.rows and self.step:  # (want >= need; a step may round past it, not past max_pages)
+                want = min(-(-need // self.step) * self.step, self.rows, self.max_pages or self.rows)
             self._grow(want, max(want, self.rows))
             taken = self.ids.take(count)
         return taken

@@ -25,9 +25,9 @@ def initial_pages(blocks: int, ctx: int, page_size: int) -> int:
 
 
 def step_pages(blocks: int, ctx: int, page_size: int) -> int:
-    """A reserved pool's first size and growth step: its blocks' pages for STEP_POSITIONS positions (the
-    context, where shorter)."""
-    return max(1, blocks) * pages_for(min(ctx, STEP_POSITIONS), page_size)
+    """A reserved pool's first size and growth step: its blocks' pages for STEP_POSITIONS positions (a
+    quarter of the context, where less: initial_pages)."""
+    return min(initial_pages(blocks, ctx, page_size), max(1, blocks) * pages_for(STEP_POSITIONS, page_size))
 
 
 def context_pages(blocks: int, ctx: int, page_size: int) -> int:

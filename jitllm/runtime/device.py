@@ -48,6 +48,12 @@ class Device:
     """The other views of its card (one card through two APIs, `cuda:0,vulkan:0`): their weights and KV
     are charged to the same budgets as this device's (DeviceChoice.shares_budget_of)."""
 
+    @property
+    def memory_on_touch(self) -> bool:
+        """Its new allocations take memory only as they are written (BackendCaps.memory_on_touch), no
+        allocator of other memory (the page-locked host pool, which locks it all at once) standing in."""
+        return self.backend.caps.memory_on_touch and self.allocator is None
+
     def room(self, kv: bool = False) -> int | None:
         """Bytes its weight budget (or, with `kv`, its KV budget) has left, its twins' use counted; None:
         unbounded."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from jitllm.core.errors import JitllmError
+from jitllm.core.heap import give_back_freed
 from jitllm.core.jlm import JlmFile
 from jitllm.ir.config import DEFAULT_KV_TYPE, KV_DTYPES
 from jitllm.runtime.auto_timer import head_timer
@@ -155,6 +156,7 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
         fast.executor = executor
     if log and interleaver is not None:
         log(interleaver.describe())
+    give_back_freed()  # (the load's temporaries: the tokenizer's parse, the weights' staging)
     return Opened(file, layout, the_plan, devices, executor, grow, fast)
 
 

@@ -37,6 +37,10 @@ class BackendCaps:
     (its module's `link_peers` turns that on)."""
     unified_memory: bool = False
     """Its memory is the host's (budgets draw on host memory)."""
+    memory_on_touch: bool = False
+    """A large allocation takes memory only as its pages are first written (the host's malloc maps fresh
+    zero pages): room allocated ahead of use costs address space, not memory, so a KV pool takes its tensor
+    for the whole context at once and hands its pages out as sessions need them, never copying it."""
     captured_steps: bool = False
     """Decode steps can be recorded once and replayed (a GraphRecorder, jitllm.runtime.engine.step_graphs)."""
     async_copies: bool = False

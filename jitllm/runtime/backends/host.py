@@ -13,7 +13,7 @@ from jitllm.runtime.backends.tvm_tensors import HOST_ALLOCATOR, TvmBackend
 from jitllm.runtime.device import Device
 
 HOST = "host"
-CAPS = BackendCaps("tvm", unified_memory=True)
+CAPS = BackendCaps("tvm", unified_memory=True, memory_on_touch=True)
 
 
 def pool_size() -> int:

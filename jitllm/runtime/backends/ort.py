@@ -26,7 +26,7 @@ from jitllm.runtime.device import Device
 from jitllm.runtime.program import Program
 from jitllm.runtime.workers import host_workers
 
-CAPS = BackendCaps("numpy", unified_memory=True)
+CAPS = BackendCaps("numpy", unified_memory=True, memory_on_touch=True)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 

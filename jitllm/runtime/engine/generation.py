@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from jitllm.core.heap import give_back_freed
 from jitllm.runtime.engine.executor import Executor
 from jitllm.runtime.engine.session import Session
 from jitllm.runtime.sampling import Sampler
@@ -51,6 +52,7 @@ def generate_ids(executor: Executor, session: Session, prompt: list[int], max_ne
     token = pick(chunks[-1])
     stats.prompt_tokens += len(prompt)
     stats.prefill_seconds += time.perf_counter() - start
+    give_back_freed()  # (the prompt's intermediates, kept by malloc: up to tens of MiB)
     if max_new_tokens <= 0:
         return
     start = time.perf_counter()

@@ -9,14 +9,17 @@ from jitllm.lowering.target import kv_type_on
 from jitllm.runtime.backends.host import HOST
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.kv_pages import PagePool, PageTable
-from jitllm.runtime.engine.scheduler import initial_pages
+from jitllm.runtime.engine.scheduler import context_pages, initial_pages, step_pages
 
 
 def pool(ex, device: Device) -> PagePool:
-    """The device's page pool: room for its blocks at a quarter of the context, grown on demand up to the
-    pages its KV budget holds (Device.kv_budget_bytes; none: as many as allocation gives), in the model's
-    KV type where the device's target stores it (else what kv_type_on falls back to: kind_for_target gives its
-    kinds the same)."""
+    """The device's page pool, grown on demand up to the pages its KV budget holds (Device.kv_budget_bytes;
+    none: as many as allocation gives), in the model's KV type where the device's target stores it (else
+    what kv_type_on falls back to: kind_for_target gives its kinds the same). Where the device takes memory
+    only as it is written (the host), its tensor is reserved for the whole context of its blocks and its
+    pages handed out in steps of 256 positions (scheduler.step_pages): memory follows the pages used, and
+    one session never makes it copy; elsewhere it starts with a quarter of the context and grows by
+    doubling, a copy each time."""
     if device.name not in ex.pools:
         cfg, page = ex.layout.config, ex.layout.block_kinds[0].page_size
         kv_type = kv_type_on(ex.layout.kv_type, device.target)
@@ -27,9 +30,10 @@ def pool(ex, device: Device) -> PagePool:
                                                                                                 cfg.head_dim, kv_type)
             if max_pages < 1:
                 raise JitllmError(f"{device.name}: its KV budget holds no page ({device.kv_budget_bytes} bytes)")
-        first = initial_pages(blocks_here, ex.ctx, page)
+        reserve = context_pages(blocks_here, ex.ctx, page) if device.memory_on_touch else 0
+        first = step_pages(blocks_here, ex.ctx, page) if reserve else initial_pages(blocks_here, ex.ctx, page)
         ex.pools[device.name] = PagePool(device, first if max_pages is None else min(first, max_pages), cfg.kv_heads,
-                                         page, cfg.head_dim, max_pages, kv_type)
+                                         page, cfg.head_dim, max_pages, kv_type, reserve)
     return ex.pools[device.name]
 
 

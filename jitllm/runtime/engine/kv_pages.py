@@ -1,9 +1,11 @@
 """Paged KV: a pool of fixed-size pages per device; each (block, session) owns a list of page ids.
 
 The bookkeeping (free list, page lists) is plain integers (scheduler.py); the pool tensor
-[num_pages, 2, kv_heads, page_size, row] of the device's KV type (f32, f16 or q8_0: the loaded kv type where
+[rows, 2, kv_heads, page_size, row] of the device's KV type (f32, f16 or q8_0: the loaded kv type where
 its target stores it; a row is head_dim values, or q8_0's bytes, jitllm.ir.kv_quant) lives on the device and
-is only touched by kernels.
+is only touched by kernels. Its rows are the ids handed out so far (`num_pages`) or, where the device's
+memory is taken only as it is written, the whole context's pages reserved ahead, of which only the pages
+sessions were given ever hold memory.
 A session's page-table tensors on one device are rows of one tensor (TableArena), uploaded together.
 """
 
@@ -25,10 +27,16 @@ TABLE_ROOM = 64
 
 class PagePool:
     """One device's pool tensor and the page ids in it (scheduler.PageAllocator): hands out, frees and
-    reports pages, growing the tensor when the ids run out."""
+    reports pages. Its ids (`num_pages`, what its device's KV budget is charged) grow as sessions need
+    pages: within the tensor's rows in steps of the first size where the tensor was reserved ahead
+    (`reserve`), else by a larger tensor holding the pages handed out so far."""
 
     def __init__(self, device: Device, num_pages: int, kv_heads: int, page_size: int, head_dim: int,
-                 max_pages: int | None = None, kv_type: str = "f32") -> None:
+                 max_pages: int | None = None, kv_type: str = "f32", reserve: int = 0) -> None:
+        """`num_pages`: the ids at first; `reserve`: the rows to allocate the tensor with from the start
+        (at most `max_pages`), for a device whose memory is taken only as it is written
+        (Device.memory_on_touch): the ids then grow in steps of `num_pages` with no new tensor. Where
+        the reserved tensor cannot be allocated, the pool starts at `num_pages` rows and grows by copies."""
         self.device = device
         self.page_size = page_size
         self.max_pages = max_pages
@@ -36,9 +44,18 @@ class PagePool:
         self.dtype = KV_DTYPES[kv_type]
         self._page_shape = (2, kv_heads, page_size, row_width(kv_type, head_dim))
         self.page_bytes = self.bytes_per_page(kv_heads, page_size, head_dim, kv_type)
+        self.step = num_pages if reserve > num_pages else 0
+        """The ids' growth within reserved rows (0: the pool grows by larger tensors only)."""
         self.pages: Tensor | None = None
         self.ids = PageAllocator()
-        self._grow_to(num_pages)
+        rows = min(reserve, max_pages) if max_pages is not None else reserve
+        if rows > num_pages:
+            try:
+                self._grow(num_pages, rows)
+                return
+            except Exception:  # noqa: BLE001 (refused: a budget refuses the smaller tensor below too)
+                self.step = 0
+        self._grow(num_pages, num_pages)
 
     @staticmethod
     def bytes_per_page(kv_heads: int, page_size: int, head_dim: int, kv_type: str = "f32") -> int:
@@ -52,32 +69,43 @@ class PagePool:
     def free_pages(self) -> int:
         return len(self.ids.free)
 
-    def _grow_to(self, num_pages: int) -> None:
-        """Reallocate the pool with more pages, keeping every page's content and id."""
+    @property
+    def rows(self) -> int:
+        """Pages the tensor has room for (num_pages or more)."""
+        return 0 if self.pages is None else int(self.pages.shape[0])
+
+    def _grow(self, num_pages: int, rows: int) -> None:
+        """Ids up to `num_pages`, in a tensor of `rows` pages: a new one, holding every page handed out so far
+        (same ids, same content), where the current has fewer rows. Charges nothing where it raises."""
         extra = num_pages - self.num_pages
         self.device.reserve(extra * self.page_bytes, f"KV pool growth by {extra} pages", kv=True)
-        try:
-            grown = self.device.empty((num_pages, *self._page_shape), self.dtype)
-        except BaseException:
-            self.device.release(extra * self.page_bytes, kv=True)
-            raise
-        if self.num_pages:
-            data = np.zeros((num_pages, *self._page_shape), self.dtype)
-            data[: self.num_pages] = self.device.download(self.pages)
-            self.device.write(grown, data)
-        self.pages = grown
+        if rows > self.rows:
+            try:
+                grown = self.device.empty((rows, *self._page_shape), self.dtype)
+                if self.num_pages:  # (the rows past them were never handed out: not copied, not touched)
+                    held = (self.num_pages, *self._page_shape)
+                    self.device.copy_from(self.device.region(grown, held, self.dtype, 0),
+                                          self.device.region(self.pages, held, self.dtype, 0), self.device)
+            except BaseException:
+                self.device.release(extra * self.page_bytes, kv=True)
+                raise
+            self.pages = grown
         self.ids.extend(num_pages)
 
     def allocate(self, count: int) -> list[int] | None:
-        """`count` page ids; the pool doubles (up to max_pages) when it runs out, and None where even
-        that is too few (the caller relocates, spills or waits). The device failing to hold a larger
-        pool raises (its budget or its allocator), charging nothing."""
+        """`count` page ids; where too few are free, more ids: within the reserved rows in whole steps, else
+        a tensor of twice the pages (up to max_pages). None where even max_pages is too few (the caller
+        relocates, spills or waits). The device failing to hold a larger pool raises (its budget or its
+        allocator), charging nothing."""
         taken = self.ids.take(count)
         if taken is None:
             want = self.ids.growth(count, self.max_pages)
             if want is None:
                 return None
-            self._grow_to(want)
+            need = self.num_pages + count - self.free_pages
+            if need <= self.rows and self.step:  # (want >= need; a step may round past it, not past max_pages)
+                want = min(-(-need // self.step) * self.step, self.rows, self.max_pages or self.rows)
+            self._grow(want, max(want, self.rows))
             taken = self.ids.take(count)
         return taken
 

@@ -15,9 +15,24 @@ def pages_for(positions: int, page_size: int) -> int:
     return -(-positions // page_size)
 
 
+STEP_POSITIONS = 256
+"""A reserved pool's ids grow by this many positions of each of its blocks at a time (kv.pool)."""
+
+
 def initial_pages(blocks: int, ctx: int, page_size: int) -> int:
     """A new pool's size: its blocks' pages for a quarter of the context (it grows on demand)."""
     return max(1, blocks) * max(1, pages_for(ctx, 4 * page_size))
+
+
+def step_pages(blocks: int, ctx: int, page_size: int) -> int:
+    """A reserved pool's first size and growth step: its blocks' pages for STEP_POSITIONS positions (a
+    quarter of the context, where less: initial_pages)."""
+    return min(initial_pages(blocks, ctx, page_size), max(1, blocks) * pages_for(STEP_POSITIONS, page_size))
+
+
+def context_pages(blocks: int, ctx: int, page_size: int) -> int:
+    """Pages for the whole context in each of `blocks` (what one session can use)."""
+    return max(1, blocks) * pages_for(ctx, page_size)
 
 
 @dataclass

@@ -169,7 +169,8 @@ def _run_segment(ex, work, segment: Segment, x, source: Device | None, rows: Rag
     for unit, pt in zip(segment.blocks, staged.tables):
         pages = ex.pools[dev.name].pages
         program = ragged_program(ex, unit)
-        h, k, v = program.main(h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts, *unit.call_weights())
+        h, k, v = unit.outputs(program.main(h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts,
+                                            *unit.call_weights()))
         unit.launched()
         program.append(pages, k, v, pt, staged.past, staged.starts)
     if segment.head is None:

@@ -228,6 +228,8 @@ def finish_answer(model, reused: int | None = None) -> None:
     for pool in ex.streams.values():
         if pool.members:
             click.echo(f"jitllm: streamed {pool.describe()}", err=True)
+        if pool.experts is not None:
+            click.echo(f"jitllm: experts streamed {pool.experts.describe()}", err=True)
 
 
 def _compile_log(message: str) -> None:

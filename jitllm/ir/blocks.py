@@ -14,7 +14,7 @@ from jitllm.ir.gla import GLA
 from jitllm.ir.graph import DOMAIN, OPSET, GraphBuilder, tensor_info
 from jitllm.ir.head import HEAD
 from jitllm.ir.llama import LLAMA
-from jitllm.ir.moe import MOE
+from jitllm.ir.moe import MOE, MOE_EXPERTS
 from jitllm.ir.ops import functions_for
 
 if TYPE_CHECKING:
@@ -27,9 +27,14 @@ BLOCK_TYPES: dict[str, BlockType] = {
     "head": HEAD,
 }
 
+PART_TYPES: dict[str, BlockType] = {
+    "moe_experts": MOE_EXPERTS,
+}
+"""Types that run part of a model's block, never named by a model (an MoE block's experts over an expert cache)."""
+
 
 def block_type(kind: BlockKind) -> BlockType:
-    return BLOCK_TYPES[kind.kind]
+    return BLOCK_TYPES.get(kind.kind) or PART_TYPES[kind.kind]
 
 
 def weight_inputs(kind: BlockKind) -> Inputs:

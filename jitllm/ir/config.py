@@ -265,6 +265,10 @@ class BlockKind:
     """A variant over a ragged batch: the new rows of several sessions in one [1, rows] step (each
     session's rows consecutive, listed by row offsets), each session with its own page table and history
     length; the head's variant takes each session's last row. Batched steps run it (engine/batched.py)."""
+    experts_apart: bool = False
+    """An MoE kind whose routed experts run apart (expert streaming, JITLLM_GPU_STREAM=1): its graph ends at
+    the router and returns what the experts need; a `moe_experts` kind over a device's expert cache runs them
+    (jitllm.ir.moe, runtime/engine/streaming.py)."""
 
     def __post_init__(self) -> None:
         if self.kv_type not in KV_DTYPES:

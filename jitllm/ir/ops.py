@@ -27,6 +27,10 @@ KV pool directly.
   up_e h) with e = ids_j. The experts' matrices are stacked along their rows (gate, up: [E * F, K]; down:
   [E * K, F]), so E and F come from the parts' shapes. The reference computes every expert for every
   token and keeps the routed ones; the kernels read only the experts some token was routed to.
+- `MoeSwiGLUSlots_<gate wtype>_<up wtype>_<down wtype>(h, ids, weights, slot_map[E] i64, *parts)`: MoeSwiGLU
+  over a device's expert cache: the parts stack the experts of the cache's slots, and expert e's matrices
+  are those of slot slot_map[e] (experts no token picked may map anywhere). Kernels walk the experts in
+  id order as MoeSwiGLU's do, so a token's sum is added up in the same order as the resident block's.
 
 Decode variants (BlockKind.decode) fold the small ops around each linear into it, so a GPU target runs
 one kernel where there were three or four (each GPU kernel costs a few µs however small; DESIGN.md §3);
@@ -65,6 +69,7 @@ NORM_LINEAR = "RmsNormLinear"
 LINEAR_ADD = "LinearAdd"
 SWIGLU_LINEAR_ADD = "SwiGLULinearAdd"
 MOE_SWIGLU = "MoeSwiGLU"
+MOE_SWIGLU_SLOTS = "MoeSwiGLUSlots"
 LINEAR_FAMILIES = (LINEAR, NORM_LINEAR, LINEAR_ADD, SWIGLU_LINEAR_ADD)
 """Ops that end in a linear layer; each is one op per weight type, named `<family>_<wtype>`."""
 EXTRA_INPUTS = {LINEAR: [], NORM_LINEAR: ["norm_weight", "eps"], LINEAR_ADD: ["residual"],
@@ -84,18 +89,25 @@ def split_linear_op(op_type: str) -> tuple[str, str] | None:
     return None
 
 
-def moe_op(wtypes: tuple[str, str, str]) -> str:
-    """The routed-experts op of gate, up and down weight types."""
-    return "_".join((MOE_SWIGLU, *wtypes))
+def moe_op(wtypes: tuple[str, str, str], slots: bool = False) -> str:
+    """The routed-experts op of gate, up and down weight types (`slots`: over an expert cache's slots)."""
+    return "_".join((MOE_SWIGLU_SLOTS if slots else MOE_SWIGLU, *wtypes))
 
 
-_MOE_OPS = {moe_op(types): types for types in itertools.product(WEIGHT_TYPES, repeat=3)}
-"""Op name -> weight types (the names cannot be split at underscores: q4_0 holds one)."""
+_MOE_OPS = {moe_op(types, slots): (types, slots) for types in itertools.product(WEIGHT_TYPES, repeat=3)
+            for slots in (False, True)}
+"""Op name -> (weight types, over slots) (the names cannot be split at underscores: q4_0 holds one)."""
 
 
 def split_moe_op(op_type: str) -> tuple[str, str, str] | None:
-    """(gate, up, down) weight types of a routed-experts op name, else None."""
-    return _MOE_OPS.get(op_type)
+    """(gate, up, down) weight types of a routed-experts op name (either family), else None."""
+    found = _MOE_OPS.get(op_type)
+    return None if found is None else found[0]
+
+
+def is_slots_op(op_type: str) -> bool:
+    """Whether a routed-experts op name is MoeSwiGLUSlots (over an expert cache)."""
+    return _MOE_OPS.get(op_type, (None, False))[1]
 
 
 def moe_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> onnx.FunctionProto:
@@ -130,6 +142,15 @@ def moe_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> 
     y = g.op("ReduceSum", g.op("Mul", out, g.op("Unsqueeze", dense, g.const([-1]))), g.const([1]), keepdims=0)
     g.rename(g.op("Reshape", y, g.op("Shape", "h")), "y")
     return _function(moe_op(wtypes), ["h", "ids", "weights", *[n for group in names for n in group]], ["y"], g)
+
+
+def moe_slots_function(wtypes: tuple[str, str, str], counts: tuple[int, int, int]) -> onnx.FunctionProto:
+    """The reference body: each picked expert's slot looked up, then MoeSwiGLU over the slots' experts."""
+    g = GraphBuilder("moes_")
+    parts = [f"{which}{i}" for which, n in zip("gud", counts) for i in range(n)]
+    y = g.op(moe_op(wtypes), "h", g.op("Gather", "slot_map", "ids", axis=0), "weights", *parts, domain=DOMAIN)
+    g.rename(y, "y")
+    return _function(moe_op(wtypes, True), ["h", "ids", "weights", "slot_map", *parts], ["y"], g)
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: str, eps: str) -> str:
@@ -367,7 +388,9 @@ def functions_for(nodes: list[onnx.NodeProto], kv_type: str = "f32") -> list[onn
         linear, experts = split_linear_op(node.op_type), split_moe_op(node.op_type)
         if experts:
             counts = tuple(len(weight_parts(w, ROW_GROUP, SUPER_BLOCK)) for w in experts)
-            functions[node.op_type] = moe_function(experts, counts)
+            slots = is_slots_op(node.op_type)
+            functions[node.op_type] = (moe_slots_function if slots else moe_function)(experts, counts)
+            pending += functions[node.op_type].node  # (the slots' body calls MoeSwiGLU)
         elif linear:
             family, wtype = linear
             functions[node.op_type] = linear_function(wtype, len(weight_parts(wtype, ROW_GROUP, SUPER_BLOCK)), family)

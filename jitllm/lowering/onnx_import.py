@@ -42,6 +42,7 @@ from jitllm.ir.ops import (
     ROTARY_ATTENTION,
     ROTARY_QKV,
     SWIGLU_LINEAR_ADD,
+    is_slots_op,
     linear_op,
     split_moe_op,
 )
@@ -271,14 +272,21 @@ def _rotary_attention(kind: BlockKind, target):
     return rotary_attention
 
 
-def _moe_converter(kind: BlockKind, target, wtypes: tuple[str, str, str]):
-    """MoeSwiGLU: the target's routed-experts kernel, over the tokens as [M, ...] rows."""
+def cache_slots(kind: BlockKind) -> int:
+    """The expert slots a kind's routed-experts op reads: the cache's (a moe_experts kind), else every expert."""
+    c = kind.config
+    return kind.linear("ffn_gate_exps").out_features // c.expert_ffn if kind.kind == "moe_experts" else 0
+
+
+def _moe_converter(kind: BlockKind, target, wtypes: tuple[str, str, str], slots: bool):
+    """MoeSwiGLU (`slots`: MoeSwiGLUSlots, with the slot map after the weights): the target's routed-experts
+    kernel, over the tokens as [M, ...] rows."""
     c = kind.config
 
     def moe(bb, inputs, attr, params):
         h, ids, weights, *parts = [bb.normalize(i) for i in inputs]
-        kernel = target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used)  # (to_relax checked it)
-        lead, m = _rows(h)
+        kernel = target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used, cache_slots(kind))
+        lead, m = _rows(h)  # (to_relax checked the kernel exists)
         flat = [bb.emit(relax.op.reshape(h, [m, c.hidden]))] + [
             bb.emit(relax.op.reshape(a, [m, c.experts_used])) for a in (ids, weights)]
         y = bb.emit(relax.call_tir(_add_kernel(bb, *kernel), [*flat, *parts], relax.TensorType([m, c.hidden], "float32")))
@@ -309,7 +317,8 @@ def _row_gather(bb, inputs, attr, params):
 def _custom_ops(kind: BlockKind, target, op_types: set[str]):
     extra = {linear_op(w, family): _linear_converter(family, w, target)
              for w in WEIGHT_TYPES for family in LINEAR_FAMILIES}
-    extra |= {op: _moe_converter(kind, target, wtypes) for op in op_types if (wtypes := split_moe_op(op))}
+    extra |= {op: _moe_converter(kind, target, wtypes, is_slots_op(op)) for op in op_types
+              if (wtypes := split_moe_op(op))}
     extra[ROTARY_QKV] = _converter(_rotary(kind, target))
     extra[PAGED_ATTENTION] = _converter(_attention(kind, target))
     extra[ROTARY_ATTENTION] = _converter(_rotary_attention(kind, target))
@@ -334,7 +343,7 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     op_types = {node.op_type for node in model.graph.node}
     c = kind.config
     for wtypes in filter(None, map(split_moe_op, op_types)):
-        if target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used) is None:
+        if target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used, cache_slots(kind)) is None:
             raise JitllmError(f"target {target.name} has no kernel for routed experts yet (moe blocks run on llvm)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)

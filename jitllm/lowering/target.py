@@ -107,8 +107,11 @@ class KernelSet:
         """The page export/import kernels compiled beside a decoder block, by function name."""
         return {}
 
-    def moe_kernel(self, wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int):
-        """MoeSwiGLU (routed experts) over any number of tokens, reading only the routed experts."""
+    def moe_kernel(self, wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int,
+                   slots: int = 0):
+        """MoeSwiGLU (routed experts) over any number of tokens, reading only the routed experts; with
+        `slots`, MoeSwiGLUSlots: the weights hold that many experts, and a slot map (after the routing
+        weights) says which slot holds each expert."""
         return None
 
     def recurrence_kernel(self, kind: BlockKind):

@@ -19,6 +19,7 @@ from jitllm.runtime.backends.host import HOST, host_device, placed_by_address, p
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.executor import Executor
 from jitllm.runtime.inventory import detect_cpu
+from jitllm.runtime.engine.expert_cache import policy_from_env
 from jitllm.runtime.engine.fast_start import FastStart, start_fast
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.numa import Interleaver, current_policy, numa_plan
@@ -69,6 +70,9 @@ class LoadOptions:
     cluster: str | None = None
     """A Ray cluster to join (`host:port` or `auto`): its nodes' devices are `NODE/DEVICE` entries of
     `devices` (jitllm.runtime.cluster, docs/cluster.md)."""
+    stream_experts: bool | None = None
+    """MoE blocks placed on devices keep their routed experts in the file and upload a token's picks into
+    each device's expert cache (runtime/engine/streaming.py); None: as JITLLM_GPU_STREAM says (0 or 1)."""
 
 
 @dataclass
@@ -113,8 +117,13 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
     if option is not None:
         option.placement.validate(layout.config.num_blocks, {a for c in choices for a in c.aliases} | {HOST})
     block_bytes = [layout.unit_bytes(file, i) for i in range(layout.config.num_blocks)]
+    stream_experts = gpu_stream() if options.stream_experts is None else options.stream_experts
+    policy = policy_from_env() if stream_experts else "lru"
+    if stream_experts and options.gpu_grow:
+        raise JitllmError(f"{GPU_STREAM}=1 with -gpu-grow: moving blocks that stream their experts is not built")
+    banks = [layout.expert_bank(file, i) for i in range(layout.config.num_blocks)] if stream_experts else None
     the_plan = plan(block_bytes, layout.unit_bytes(file, HEAD), choices, option.placement if option else None,
-                    options.gpu_layers, option.strict if option else False, host_name=HOST)
+                    options.gpu_layers, option.strict if option else False, host_name=HOST, banks=banks)
     if log:
         log(the_plan.describe())
         log(workers.describe(pool_size()))
@@ -146,8 +155,11 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
         if fast is not None:
             devices.setdefault(fast.away.name, fast.away)
     streamed = frozenset(i for i, a in enumerate(the_plan.blocks) if a.streamed and where[i].name != HOST)
+    banked = frozenset(i for i in the_plan.banked if where[i].name != HOST)
+    slots = {b.name: b.expert_slots for b in the_plan.budgets if b.expert_slots}
     try:
-        executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed)
+        executor = Executor(file, layout, where, context, cache_dir=cache_dir, log=log, streamed=streamed,
+                            banked=banked, expert_slots=slots, expert_policy=policy)
     except BaseException:
         if fast is not None:
             fast.close()
@@ -158,6 +170,17 @@ def open_model(file: JlmFile, layout: ModelLayout, options: LoadOptions) -> Open
         log(interleaver.describe())
     give_back_freed()  # (the load's temporaries: the tokenizer's parse, the weights' staging)
     return Opened(file, layout, the_plan, devices, executor, grow, fast)
+
+
+GPU_STREAM = "JITLLM_GPU_STREAM"
+
+
+def gpu_stream() -> bool:
+    """Whether JITLLM_GPU_STREAM asks for expert streaming (1; 0 or unset: not); a one-line error otherwise."""
+    value = os.environ.get(GPU_STREAM, "0") or "0"
+    if value not in ("0", "1"):
+        raise JitllmError(f"{GPU_STREAM}={value!r}: must be 0 or 1")
+    return value == "1"
 
 
 def _numa(host: Device, workers: Workers, log: Callable[[str], None] | None) -> Interleaver | None:

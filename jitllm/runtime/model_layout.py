@@ -12,7 +12,9 @@ from jitllm.ir.block_type import KV_PAGES
 from jitllm.ir.blocks import block_kind, block_type, linear_of_input, weight_inputs
 from jitllm.ir.config import BlockKind, LinearSpec, ModelConfig
 from jitllm.ir.head import head_kind
+from jitllm.ir.moe import cache_kind
 from jitllm.runtime.model_check import check_linears, check_tensors, weight_types
+from jitllm.runtime.planner import ExpertBank
 
 HEAD = "head"
 
@@ -75,6 +77,21 @@ class ModelLayout:
 
     def unit_bytes(self, model: JlmFile, unit: int | str) -> int:
         return sum(model.tensors[n].nbytes for n in self.tensor_names(unit))
+
+    def expert_sources(self, unit: int) -> list[tuple[str, ...]]:
+        """Per routed expert of MoE block `unit`: its file tensors, in the order of the moe_experts kind's
+        weight inputs (one aligned page of the file each: docs/model-format.md)."""
+        kind = self.block_kinds[unit]
+        sources = dict(zip((n for n, _, _ in weight_inputs(kind)), _block_sources(kind, unit), strict=True))
+        inputs = [n for n, _, _ in weight_inputs(cache_kind(kind, 1))]
+        return [tuple(sources[n][e] for n in inputs) for e in range(self.config.experts)]
+
+    def expert_bank(self, model: JlmFile, unit: int) -> ExpertBank | None:
+        """What expert streaming keeps of block `unit` off its device: its routed experts (None: not an MoE block)."""
+        if self.block_kinds[unit].kind != "moe":
+            return None
+        sizes = [sum(model.tensors[n].nbytes for n in names) for names in self.expert_sources(unit)]
+        return ExpertBank(len(sizes), max(sizes), self.config.experts_used)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -14,12 +14,16 @@ A streamed block (`~`) keeps its weights in the mapped file and is swapped throu
 its device each token, each as large as the largest block streamed there: only the slots are charged to
 the budget (when the first streamed block there is placed). A device whose budget cannot hold them is an
 error, strict or not: falling back to the host would not be what `~` asked for.
+With expert streaming (JITLLM_GPU_STREAM=1; `banks`), an MoE block placed on a device is charged without its
+routed experts (its attention, router and shared expert stay there); after the head, each device holding
+such blocks gives what its budget has left to an expert cache (whole experts, at most all of its blocks'
+experts). A cache that cannot hold one token's picks of a block is an error.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jitllm.core.errors import JitllmError
 from jitllm.runtime.device_spec import DeviceChoice, format_bytes
@@ -27,6 +31,20 @@ from jitllm.runtime.placement import HOST, Placement, PlacementEntry
 
 STREAM_SLOTS = 2
 """Device slots a device streams its blocks through: one being computed while the next one's upload runs."""
+
+
+@dataclass(frozen=True)
+class ExpertBank:
+    """An MoE block's routed experts, as expert streaming charges them: `experts` of `expert_bytes` each
+    (the largest expert's file bytes), `used` of them picked per token."""
+
+    experts: int
+    expert_bytes: int
+    used: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.experts * self.expert_bytes
 
 
 @dataclass(frozen=True)
@@ -38,6 +56,8 @@ class Assignment:
     pinned: bool = False
     streamed: bool = False
     reason: str = ""
+    experts_streamed: bool = False
+    """Its routed experts stay in the file and pass through its device's expert cache (`bytes` is the rest)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,10 @@ class DeviceBudget:
     """The device whose budget this one shares (one card through two APIs), as DeviceChoice says."""
     card_used_bytes: int | None = None
     """What every view of a shared card uses together; None where the budget is the device's own."""
+    expert_slots: int = 0
+    """Experts its expert cache holds (inside `used_bytes`), each `expert_bytes`, for `expert_blocks` blocks."""
+    expert_bytes: int = 0
+    expert_blocks: int = 0
 
     @property
     def left_bytes(self) -> int:
@@ -95,6 +119,15 @@ class Plan:
     def blocks_on(self, device: str) -> list[int]:
         return [i for i, a in enumerate(self.blocks) if a.device == device]
 
+    @property
+    def banked(self) -> list[int]:
+        """The blocks whose routed experts stream (through their device's expert cache)."""
+        return [i for i, a in enumerate(self.blocks) if a.experts_streamed]
+
+    def expert_slots(self, device: str) -> int:
+        """The experts `device`'s expert cache holds (0: it has none)."""
+        return next((b.expert_slots for b in self.budgets if b.name == device), 0)
+
     def describe(self) -> str:
         """The plan as `-v` prints it."""
         lines = ["blocks:"]
@@ -120,21 +153,56 @@ class Plan:
             if b.streamed:
                 slot = (f", {STREAM_SLOTS} streaming slots of {format_bytes(b.slot_bytes)} ({b.streamed} blocks "
                         f"stream: {format_bytes(b.upload_bytes_per_token)} uploaded per token)")
+            if b.expert_blocks:
+                slot += (f", expert cache of {b.expert_slots} experts of {format_bytes(b.expert_bytes)} "
+                         f"({format_bytes(b.expert_slots * b.expert_bytes)}; {b.expert_blocks} blocks stream their experts)")
             budget = format_bytes(b.budget_bytes)
             if b.card_used_bytes is not None:
                 budget += f" (one card's, {format_bytes(b.card_used_bytes)} used by all its views)"
             lines.append(f"{b.name}: used {format_bytes(b.used_bytes)} of {budget}, "
                          f"{format_bytes(b.left_bytes)} left{slot}")
         host = [a for a in self.blocks + (self.head,) if a.device == self.host_name or a.streamed]
-        lines.append(f"{self.host_name}: holds {format_bytes(sum(a.bytes for a in host))} of weights "
+        banks = f" and the routed experts of {len(self.banked)} blocks" if self.banked else ""
+        lines.append(f"{self.host_name}: holds {format_bytes(sum(a.bytes for a in host))} of weights{banks} "
                      f"({len(self.blocks_on(self.host_name))} blocks run there)")
         return "\n".join(lines)
 
 
 def plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice],
          placement: Placement | None = None, gpu_layers: int | None = None, strict: bool = False,
-         host_name: str = HOST) -> Plan:
-    """Assign every block and the head to a device or the host (see the module doc for the rules)."""
+         host_name: str = HOST, banks: list[ExpertBank | None] | None = None) -> Plan:
+    """Assign every block and the head to a device or the host (see the module doc for the rules);
+    `banks`: per block, the routed experts expert streaming keeps off its device (None: a dense block)."""
+    if banks is None or not any(banks):
+        return _plan(block_bytes, head_bytes, devices, placement, gpu_layers, strict, host_name)
+    rest = [size - (bank.nbytes if bank else 0) for size, bank in zip(block_bytes, banks, strict=True)]
+    the_plan = _plan(rest, head_bytes, devices, placement, gpu_layers, strict, host_name)
+    blocks = tuple(replace(a, bytes=full) if a.device == host_name else
+                   replace(a, experts_streamed=banks[i] is not None)
+                   for i, (a, full) in enumerate(zip(the_plan.blocks, block_bytes)))
+    budgets = tuple(_expert_cache(b, [banks[i] for i, a in enumerate(blocks) if a.device == b.name and
+                                      a.experts_streamed]) for b in the_plan.budgets)
+    return replace(the_plan, blocks=blocks, budgets=budgets)
+
+
+def _expert_cache(budget: DeviceBudget, banks: list[ExpertBank]) -> DeviceBudget:
+    """`budget` with an expert cache of what it has left (in whole experts, at most all of `banks`' experts);
+    a one-line error where that cannot hold one token's picks of a block."""
+    if not banks:
+        return budget
+    size, used = max(b.expert_bytes for b in banks), max(b.used for b in banks)
+    slots = min(budget.left_bytes // size, sum(b.experts for b in banks))
+    if slots < used:
+        raise JitllmError(f"JITLLM_GPU_STREAM=1: {budget.name} has {format_bytes(budget.left_bytes)} left for its "
+                          f"expert cache, room for {slots} experts of {format_bytes(size)}, but a token routes to "
+                          f"{used} experts of each block: give {budget.name} at least "
+                          f"{format_bytes(budget.used_bytes + used * size)}")
+    return replace(budget, used_bytes=budget.used_bytes + slots * size, expert_slots=slots, expert_bytes=size,
+                   expert_blocks=len(banks))
+
+
+def _plan(block_bytes: list[int], head_bytes: int, devices: list[DeviceChoice], placement: Placement | None,
+          gpu_layers: int | None, strict: bool, host_name: str) -> Plan:
     if gpu_layers is not None and gpu_layers < 0:
         raise JitllmError(f"-gpu-layers {gpu_layers}: must be 0 or more")
     names = {alias: d.name for d in devices for alias in d.aliases}
@@ -292,4 +360,5 @@ def _runs(assignments: tuple[Assignment, ...]) -> list[tuple[int, int, Assignmen
 
 
 def _flags(a: Assignment) -> str:
-    return " ".join(f for f, on in (("pinned", a.pinned), ("streamed", a.streamed)) if on) or "-"
+    flags = (("pinned", a.pinned), ("streamed", a.streamed), ("experts-streamed", a.experts_streamed))
+    return " ".join(f for f, on in flags if on) or "-"

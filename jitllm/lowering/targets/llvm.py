@@ -271,10 +271,10 @@ class LlvmTarget(KernelSet):
 
         return page_kernels(kind)
 
-    def moe_kernel(self, wtypes, experts, ffn, hidden, top_k):
+    def moe_kernel(self, wtypes, experts, ffn, hidden, top_k, slots=0):
         from jitllm.lowering.kernels.cpu.moe import moe_kernel
 
-        return moe_kernel(wtypes, experts, ffn, hidden, top_k)
+        return moe_kernel(wtypes, experts, ffn, hidden, top_k, slots)
 
     def recurrence_kernel(self, kind):
         from jitllm.lowering.kernels.cpu.recurrent import recurrence_kernel

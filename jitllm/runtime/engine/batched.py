@@ -190,8 +190,8 @@ def run_units(ex, segment: Segment, h: Tensor, staged: RaggedInputs,
     pages = ex.pools[segment.device.name].pages if segment.blocks else None
     for unit, pt in zip(segment.blocks, staged.tables):
         program = ragged_program(ex, unit)
-        h, k, v = call(program.main, h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts,
-                       *unit.call_weights())
+        h, k, v = unit.outputs(call(program.main, h, staged.cos, staged.sin, pages, pt, staged.past, staged.starts,
+                                    *unit.call_weights()))
         unit.launched()
         call(program.append, pages, k, v, pt, staged.past, staged.starts)
     if segment.head is None:

@@ -33,8 +33,11 @@ from jitllm.runtime.program import Program
 class Executor:
     def __init__(self, model: JlmFile, layout: ModelLayout, placement: dict[int | str, Device], ctx: int,
                  cache_dir: Path | None = None, log: Callable[[str], None] | None = None,
-                 streamed: frozenset[int] = frozenset()):
-        """`streamed`: the blocks whose weights stream through their device's slots (streaming.py)."""
+                 streamed: frozenset[int] = frozenset(), banked: frozenset[int] = frozenset(),
+                 expert_slots: dict[str, int] | None = None, expert_policy: str = "lru"):
+        """`streamed`: the blocks whose weights stream through their device's slots (streaming.py); `banked`:
+        the MoE blocks whose routed experts stream through their device's expert cache, of `expert_slots`
+        experts per device name, replaced by `expert_policy` (engine/expert_cache.py)."""
         self.model, self.layout, self.ctx, self.log = model, layout, ctx, log
         self.cache_dir = cache_dir
         self._placement = placement
@@ -63,8 +66,9 @@ class Executor:
         self._inflight: list[StepFence] = []
         """Pipelined decode steps launched and not yet waited for (greedy_tokens); see `drain`."""
         self.streams: dict[str, SlotPool] = {}
-        """Per device that streams blocks: its slots (streaming.py)."""
-        self.blocks: list[Unit] = [units.load_unit(self, i, placement[i], i in streamed)
+        """Per device that streams blocks or experts: its slots and expert cache (streaming.py)."""
+        self.expert_slots, self.expert_policy = expert_slots or {}, expert_policy
+        self.blocks: list[Unit] = [units.load_unit(self, i, placement[i], i in streamed, i in banked)
                                    for i in range(cfg.num_blocks)]
         self.head: Unit = units.load_unit(self, HEAD, placement[HEAD])
         self._session_ids = itertools.count()

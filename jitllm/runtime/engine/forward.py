@@ -106,7 +106,7 @@ def run_units(ex, session, segment: Segment, step: StepInputs, n: int,
         table = session.tables[unit.index]
         pages, pt = table.pool.pages, table.tensor()
         program = unit.program_for(n)
-        h, k, v = call(program.main, h, step.cos, step.sin, pages, pt, step.past, *unit.call_weights())
+        h, k, v = unit.outputs(call(program.main, h, step.cos, step.sin, pages, pt, step.past, *unit.call_weights()))
         if program.append is not None:  # (a GPU decode variant's main appends itself)
             call(program.append, pages, k, v, pt, step.past)
         unit.launched()

@@ -73,6 +73,8 @@ def move_unit(executor, index: int | str, dest: Device, from_file: bool = False,
     clock = _PhaseClock()
     if source is dest and streamed == (unit.stream is not None):
         return MoveReport(index, source.name, dest.name, 0, 0, 0.0)
+    if unit.experts is not None:
+        raise JitllmError(f"block {index} streams its experts (JITLLM_GPU_STREAM=1): moving it is not built")
     kind, program, decode_program = executor.placed(index, dest)
     what = f"weights of {'the head' if index == 'head' else f'block {index}'}"
     stream = None
@@ -273,6 +275,10 @@ def planned_moves(model, spec: str) -> list[tuple[int | str, Device, bool]]:
         for index in indices:
             if index != "head" and model.plan.blocks[index].pinned or index == "head" and model.plan.head.pinned:
                 raise JitllmError(f"move {entry.text}: block {index} is pinned (!) where it is")
+            unit = ex.unit(index)
+            if unit.experts is not None and (dest, entry.streamed) != (unit.device, unit.stream is not None):
+                raise JitllmError(f"move {entry.text}: block {index} streams its experts (JITLLM_GPU_STREAM=1): "
+                                  "moving it is not built")
             plan.append((index, dest, entry.streamed))
     _check_room(model, spec, plan)
     return plan

@@ -149,7 +149,7 @@ def _run_chunk(ex, session, units: list, targets: set[int], at: int, ids: list[i
             if program.append is None:  # (a decode variant that appends itself: the general one does not)
                 program = unit.program
             (c, s, past), pages, pt = inputs[dev.name], table.pool.pages, table.tensor()
-            h, k, v = program.main(h, c, s, pages, pt, past, *unit.call_weights())
+            h, k, v = unit.outputs(program.main(h, c, s, pages, pt, past, *unit.call_weights()))
             if unit.index in targets:
                 program.append(pages, k, v, pt, past)
             unit.launched()

@@ -81,8 +81,9 @@ class Segment:
     @property
     def capturable(self) -> bool:
         """Blocks with KV pages and the head only (recurrent blocks keep their state's bookkeeping per step),
-        none streamed (a graph would bake the slot contents of one token's upload order: streaming.py)."""
-        return all(unit.state == KV_PAGES and unit.stream is None for unit in self.blocks)
+        none streamed (a graph would bake the slot contents of one token's upload order: streaming.py), none
+        streaming its experts (the host reads each step's picks between its two programs)."""
+        return all(unit.state == KV_PAGES and unit.stream is None and unit.experts is None for unit in self.blocks)
 
 
 def segments(blocks: list, head) -> list[Segment]:

@@ -1,11 +1,13 @@
 """Units and their weights: a block (or the head) resident on a device, with the programs of its kind
 there. One artifact per kind and target serves every block of the kind; a unit's weights are one
 allocation on its device (packed_weights.py), laid out for its kind there, or, for a streamed block, a
-slot of its device's SlotPool while it runs (streaming.py)."""
+slot of its device's SlotPool while it runs (streaming.py). A block that streams its experts (expert
+streaming) holds its attention, router and shared expert; its routed experts run through its device's
+expert cache (streaming.ExpertCache) after its program."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jitllm.ir.block_type import KV_PAGES
 from jitllm.ir.blocks import block_type
@@ -14,7 +16,8 @@ from jitllm.lowering.cache import load_artifact
 from jitllm.lowering.target import kind_for_target
 from jitllm.runtime.device import Device
 from jitllm.runtime.engine.packed_weights import PackedWeights
-from jitllm.runtime.engine.streaming import SlotPool, StreamedSource
+from jitllm.ir.moe import cache_kind
+from jitllm.runtime.engine.streaming import ExpertBank, ExpertCache, SlotPool, StreamedSource
 from jitllm.runtime.model_layout import HEAD, ModelLayout
 from jitllm.runtime.program import Program
 
@@ -34,10 +37,20 @@ class Unit:
     """The batch-1, seq-1 variant where the device's target has one (decode steps)."""
     stream: SlotPool | None = None
     """Where it is a streamed block: its device's slots, which hold its weights while it runs."""
+    experts: ExpertCache | None = None
+    """Where it streams its routed experts: its device's expert cache (its program is the experts-apart kind's)."""
 
     def call_weights(self) -> list:
         """The weights its program takes now: its own, or (streamed) a slot's, uploaded for it."""
         return self.weights if self.stream is None else self.stream.acquire(self.index)
+
+    def outputs(self, out) -> tuple:
+        """(h, k_new, v_new) of its program's outputs: where it streams its experts, h after its routed
+        experts ran over their outputs (y = x2 there, then jitllm.ir.moe.ROUTED_OUTPUTS)."""
+        if self.experts is None:
+            return out
+        x, k, v, h, ids, weights, *shared = out
+        return self.experts.run(self.index, x, h, ids, weights, shared[0] if shared else None), k, v
 
     def launched(self) -> None:
         """Its kernels of this step are launched (a streamed unit's slot is refilled once they ran)."""
@@ -81,11 +94,15 @@ def kind_on(layout: ModelLayout, index: int | str, device: Device) -> BlockKind:
     return kind_for_target(kind, device.target)
 
 
-def load_unit(ex, index: int | str, device: Device, streamed: bool = False) -> Unit:
+def load_unit(ex, index: int | str, device: Device, streamed: bool = False, banked: bool = False) -> Unit:
     """Block `index` (or the head) uploaded to `device`, charged to its budget, its programs loaded;
-    `streamed`: its weights stay in the file and its device's slots are charged instead."""
+    `streamed`: its weights stay in the file and its device's slots are charged instead; `banked`: an MoE
+    block whose routed experts stream through its device's expert cache (the rest is loaded as above)."""
     kind = kind_on(ex.layout, index, device)
-    nbytes = sum(ex.model.tensors[n].nbytes for n in ex.layout.tensor_names(index))
+    if banked:
+        kind = replace(kind, experts_apart=True)
+    names = [n for group in ex.layout.weight_sources(index, kind) for n in group]
+    nbytes = sum(ex.model.tensors[n].nbytes for n in names)
     stream = weights = None
     if streamed:
         stream = admit(ex, index, device, kind)
@@ -94,14 +111,35 @@ def load_unit(ex, index: int | str, device: Device, streamed: bool = False) -> U
         weights = upload_weights(ex, index, device, kind)
     if block_type(kind).state == KV_PAGES:
         ex.pool(device)
-    return Unit(index, kind, device, weights, nbytes, *placed(ex, index, device)[1:], stream=stream)
+    programs = ex.programs(kind, device) if banked else placed(ex, index, device)[1:]
+    experts = bank(ex, index, device, kind) if banked else None
+    return Unit(index, kind, device, weights, nbytes, *programs, stream=stream, experts=experts)
+
+
+def pool_of(ex, device: Device) -> SlotPool:
+    """`device`'s SlotPool (made at the first unit that streams there: its blocks or its experts)."""
+    pool = ex.streams.get(device.name)
+    if pool is None:
+        pool = ex.streams[device.name] = SlotPool(device, ex.model)
+    return pool
+
+
+def bank(ex, index: int, device: Device, kind: BlockKind) -> ExpertCache:
+    """Block `index`'s routed experts (of its experts-apart `kind`) streamed through `device`'s expert cache,
+    made at the first such block with the slots the plan gave it."""
+    pool = pool_of(ex, device)
+    slots = ex.expert_slots[device.name]
+    experts_kind = kind_for_target(cache_kind(kind, slots), device.target)
+    if pool.experts is None:
+        pool.experts = ExpertCache(pool, experts_kind, ex.program(experts_kind, device), slots, ex.expert_policy)
+    names = [list(group) for group in ex.layout.expert_sources(index)]
+    pool.experts.admit(index, ExpertBank([[ex.model.tensor(n) for n in group] for group in names], names), experts_kind)
+    return pool.experts
 
 
 def admit(ex, index: int, device: Device, kind: BlockKind) -> SlotPool:
     """Block `index` streamed through `device`'s slots (its SlotPool made at the first), laid out for `kind`."""
-    pool = ex.streams.get(device.name)
-    if pool is None:
-        pool = ex.streams[device.name] = SlotPool(device, ex.model)
+    pool = pool_of(ex, device)
     groups = ex.layout.weight_sources(index, kind)
     parts = [[ex.model.tensor(n) for n in group] for group in groups]
     names = [n for group in groups for n in group]

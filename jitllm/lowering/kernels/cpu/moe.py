@@ -6,6 +6,10 @@ read, so prefill reads each expert's weights once for all its tokens (tokens gro
 expert no token was routed to is never read (a decode step reads its top-k experts only). Within an
 expert the work is parallel over row groups, gate and up in one pass over h, then down over the
 activations.
+
+Over an expert cache (`slots`, MoeSwiGLUSlots) the weights hold `slots` experts and expert e's rows are
+those of slot slot_map[e]; the experts are still walked in id order, so each token's sum is added up in
+the order the resident kernel adds it (the same bits).
 """
 
 from __future__ import annotations
@@ -43,21 +47,28 @@ def weight_at(wtype: str, w, qs, qh, sc, mn, d, d2, g, col, r):
     return weight_value(wtype, (qs, qh, sc, mn, d, d2), g, r, col)
 
 
-def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int
+def _base(slot_map, e, slots: int):
+    """The slot whose rows hold expert e: slot_map[e] over a cache, else e itself."""
+    return T.Cast("int32", slot_map[e]) if slots else e
+
+
+def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int, top_k: int, slots: int = 0
                ) -> tuple[str, tvm.tirx.PrimFunc]:
     """(symbol, PrimFunc) of y[M, K] from h[M, K], ids[M, top_k] (int64), weights[M, top_k] and the gate,
-    up ([E * F, K]) and down ([E * K, F]) experts' parts."""
+    up ([E * F, K]) and down ([E * K, F]) experts' parts; with `slots`, a slot map [E] (int64) after the
+    weights and parts of `slots` experts."""
     gt, ut, dt = wtypes
     E, F, K, TOP = experts, ffn, hidden, top_k
+    S = slots or experts
     GF, GK = F // R, K // R
-    (gb, gu_unused), (ub, uu_unused), (db, du_unused) = (_buffers(gt, E * F, K), _buffers(ut, E * F, K),
-                                                           _buffers(dt, E * K, F))
+    (gb, gu_unused), (ub, uu_unused), (db, du_unused) = (_buffers(gt, S * F, K), _buffers(ut, S * F, K),
+                                                           _buffers(dt, S * K, F))
     (g0s, g0t), (g1s, g1t), (g2s, g2t), (g3s, g3t), (g4s, g4t), (g5s, g5t), (g6s, g6t) = gb
     (u0s, u0t), (u1s, u1t), (u2s, u2t), (u3s, u3t), (u4s, u4t), (u5s, u5t), (u6s, u6t) = ub
     (d0s, d0t), (d1s, d1t), (d2s, d2t), (d3s, d3t), (d4s, d4t), (d5s, d5t), (d6s, d6t) = db
 
     @T.prim_func
-    def f(h_h: T.handle, ids_h: T.handle, wts_h: T.handle,
+    def f(h_h: T.handle, ids_h: T.handle, wts_h: T.handle, slot_map: T.Buffer((E,), "int64"),
           g_w: T.Buffer(g0s, g0t), g_qs: T.Buffer(g1s, g1t), g_qh: T.Buffer(g2s, g2t), g_sc: T.Buffer(g3s, g3t),
           g_mn: T.Buffer(g4s, g4t), g_d: T.Buffer(g5s, g5t), g_d2: T.Buffer(g6s, g6t),
           u_w: T.Buffer(u0s, u0t), u_qs: T.Buffer(u1s, u1t), u_qh: T.Buffer(u2s, u2t), u_sc: T.Buffer(u3s, u3t),
@@ -100,9 +111,9 @@ def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int
                             for kk in T.serial(K):
                                 for r in T.vectorized(R):
                                     acc[g, 0, r] = acc[g, 0, r] + weight_at(
-                                        gt, g_w, g_qs, g_qh, g_sc, g_mn, g_d, g_d2, e * GF + g, kk, r) * h[m, kk]
+                                        gt, g_w, g_qs, g_qh, g_sc, g_mn, g_d, g_d2, _base(slot_map, e, slots) * GF + g, kk, r) * h[m, kk]
                                     acc[g, 1, r] = acc[g, 1, r] + weight_at(
-                                        ut, u_w, u_qs, u_qh, u_sc, u_mn, u_d, u_d2, e * GF + g, kk, r) * h[m, kk]
+                                        ut, u_w, u_qs, u_qh, u_sc, u_mn, u_d, u_d2, _base(slot_map, e, slots) * GF + g, kk, r) * h[m, kk]
                             for r in T.vectorized(R):
                                 act[m, g * R + r] = acc[g, 0, r] * T.sigmoid(acc[g, 0, r]) * acc[g, 1, r]
                 for g in T.parallel(GK):
@@ -113,10 +124,12 @@ def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int
                             for kk in T.serial(F):
                                 for r in T.vectorized(R):
                                     acc_down[g, r] = acc_down[g, r] + weight_at(
-                                        dt, d_w, d_qs, d_qh, d_sc, d_mn, d_d, d_d2, e * GK + g, kk, r) * act[m, kk]
+                                        dt, d_w, d_qs, d_qh, d_sc, d_mn, d_d, d_d2, _base(slot_map, e, slots) * GK + g, kk, r) * act[m, kk]
                             for r in T.vectorized(R):
                                 y[m, g * R + r] = y[m, g * R + r] + route[m] * acc_down[g, r]
 
     unused = {f"g_{p}" for p in gu_unused} | {f"u_{p}" for p in uu_unused} | {f"d_{p}" for p in du_unused}
-    symbol = f"jl_moe_{gt}_{ut}_{dt}_{E}x{F}x{K}_top{TOP}"
+    if not slots:
+        unused.add("slot_map")
+    symbol = f"jl_moe_{gt}_{ut}_{dt}_{E}x{F}x{K}_top{TOP}" + (f"_slots{slots}" if slots else "")
     return symbol, without_params(f, unused).with_attr("global_symbol", symbol)

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def jitllm(*args: str, threads: int) -> str:
-    env = dict(os.environ, TVM_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # (the GPU machine's TVM is on it)
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads), PYTHONPATH=path)
     out = subprocess.run([sys.executable, "-m", "jitllm", *args], capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"jitllm {' '.join(args)} failed:\n{out.stderr}")

@@ -73,10 +73,12 @@ def test_block_kind_on_cuda(kind, cache_dir):
             slot = feeds["page_table"][0, past // kind.page_size]
             for two, new in ((0, got[1][0, 0]), (1, got[2][0, 0])):
                 row = pages[slot, two, :, past % kind.page_size]
-                if kind.kv_type == "q8_0":  # each value within half a step of its block's scale
+                if kind.kv_type == "q8_0":  # each value within half a step of its block's scale, plus what
+                    # storing the scale as f16 moves the largest quant (127 of them: ggml quantizes with the f32 d)
                     step = np.abs(new).reshape(*new.shape[:-1], -1, 32).max(-1, keepdims=True) / 127
+                    f16_error = 127 * np.abs(step.astype(np.float16).astype(np.float32) - step)
                     err = np.abs(pool_values(kind, row) - new).reshape(step.shape[:-1] + (32,))
-                    assert (err <= 0.5 * step * 1.002 + 1e-30).all(), (two, pasts)
+                    assert (err <= 0.5 * step * 1.002 + f16_error + 1e-30).all(), (two, pasts)
                 else:
                     assert np.array_equal(row, new.astype(pages.dtype))
 
@@ -153,7 +155,7 @@ def test_kv_q8_0_decode_append_stores_each_scale_bit_for_bit(kind, cache_dir):
             ok = [(a / np.float32(127)).astype(np.float16).view("<u2") == stored for a in near] + \
                  [(a * (np.float32(1) / np.float32(127))).astype(np.float16).view("<u2") == stored for a in near]
             assert np.logical_or.reduce(ok).all(), (past, two, stored, (amax / 127).astype(np.float16).view("<u2"))
-            low += list(stored & 0xFF)
+            low += list((stored & 0xFF).ravel())
     assert min(low) < 0x80 <= max(low)  # (the data covers both halves of the low byte)
 
 

@@ -107,7 +107,8 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
         contents = _file_order(block_file_weights(block_kind(cfg, i, dict.fromkeys(shapes[i], wtype)), i))
         tensors, pages = [], {}
         for weight in contents:
-            made = [TensorSpec(weight.name, weight.shape, "float32")] if weight.spec is None else specs(weight.name, *weight.shape)
+            made = ([TensorSpec(weight.name, weight.shape, "float32")] if weight.spec is None else
+                    specs(weight.name, *weight.shape))
             tensors += made
             if weight.expert is not None:
                 pages.setdefault(f"expert.{weight.expert}", []).extend(t.name for t in made)

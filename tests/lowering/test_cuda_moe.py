@@ -51,7 +51,8 @@ def test_the_kernel_computes_the_picked_experts(case, rows):
     rng = np.random.default_rng(7)
     banked = slots or EXPERTS
     shapes = [(banked * f, k), (banked * f, k), (banked * k, f)]
-    parts = [parts_from_float(w, rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1])) for w, s in zip(wtypes, shapes)]
+    parts = [parts_from_float(w, rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1]))
+             for w, s in zip(wtypes, shapes)]
     h = rng.standard_normal((rows, k)).astype(np.float32)
     ids = np.stack([rng.choice(EXPERTS, TOP, replace=False) for _ in range(rows)]).astype(np.int64)
     wts = rng.random((rows, TOP)).astype(np.float32)

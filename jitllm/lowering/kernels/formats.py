@@ -126,7 +126,8 @@ kernel written once for every weight type (the routed-experts kernels)."""
 def expert_buffers(wtype: str, n: int, k: int) -> tuple[list[tuple[tuple[int, ...], str]], set[str]]:
     """(shape, dtype) of each WEIGHT_PARAMS entry for an [n, k] `wtype` matrix (a placeholder where
     absent), and the absent ones."""
-    parts = {("d2" if name in ("m", "dmin") else name): (shape, dtype) for name, shape, dtype in weight_parts(wtype, n, k)}
+    parts = {("d2" if name in ("m", "dmin") else name): (shape, dtype)
+             for name, shape, dtype in weight_parts(wtype, n, k)}
     return [parts.get(p, ((1,), "uint8")) for p in WEIGHT_PARAMS], {p for p in WEIGHT_PARAMS if p not in parts}
 
 

@@ -32,14 +32,17 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
                  kv_types: tuple[str, ...] = ()):
     """(kind, target) pairs: tests/gpu's CUDA kinds (the newer weight formats' in the exact family alone), the
     tiny model's exact llvm kinds and its ragged variants (llvm and CUDA exact; at every KV type, q8_0 on
-    tiny-d32), the presets' CUDA kinds (and their fast ragged variants), and both the exact llvm and the CUDA
+    tiny-d32), the random MoE models' exact llvm and CUDA kinds and their expert-streaming CUDA kinds
+    (test_moe_cuda.py), the presets' CUDA kinds (and their fast ragged variants), and both the exact llvm and the CUDA
     kinds of `host_presets` (bench/migrate.py's blocks start on the host); the presets' kinds at the default
     f16 KV and at `kv_types` (bench/kv_types.py -devices cuda:0 loads each type)."""
     from kinds import (
+        expert_streaming_kinds,
         f16_kv_test_kinds,
         format_test_kinds,
         gpu_test_kinds,
         kv_model_preset,
+        moe_test_layouts,
         q8_kv_test_kinds,
         ragged_test_kinds,
     )
@@ -63,6 +66,10 @@ def needed_kinds(presets: list[tuple[str, str]], host_presets: list[tuple[str, s
         for kind in [*tiny.block_kinds, tiny.head]:
             pairs += as_run(kind, host) + as_run(kind, cuda) + as_run(kind, fast)
         pairs += [(kind, target) for target in (host, cuda) for kind in ragged_test_kinds(target, kv_type)]
+    for layout in moe_test_layouts():  # (test_moe_cuda.py: MoE blocks on cuda:0 and on the host, exact kernels)
+        for kind in [*layout.block_kinds, layout.head]:
+            pairs += as_run(kind, host) + as_run(kind, cuda)
+    pairs += [(kind, cuda) for kind in expert_streaming_kinds(cuda)]
     preset_kv = list(dict.fromkeys([DEFAULT_KV_TYPE, *kv_types]))
     for kv_type in preset_kv:
         for preset, wtype in [*presets, *host_presets]:

@@ -14,7 +14,7 @@ from jitllm.core.errors import JitllmError
 from jitllm.core.jlm_writer import RegionPlan, TensorSpec, write_jlm
 from jitllm.core.layouts import WEIGHT_TYPES, check_linear_shape, weight_parts
 from jitllm.core.quant import parts_from_float
-from jitllm.ir.blocks import block_kind, block_linear_specs, check_block_types
+from jitllm.ir.blocks import FileWeight, block_file_weights, block_kind, block_linear_specs, check_block_types
 from jitllm.ir.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
@@ -22,6 +22,11 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-d32": ModelConfig("llama", 2, 64, 2, 1, 32, 128, 320, 256, 10000.0, 1e-5, tied_head=True),
     "tiny-hybrid": ModelConfig("llama", 4, 64, 4, 2, 16, 128, 320, 256, 10000.0, 1e-5, tied_head=True,
                                block_types=("llama", "gla", "llama", "gla")),
+    # tests/test_moe.py's shapes: Qwen3-MoE (q/k norms, 8 experts, top 2) and Mixtral (4 experts, top 2)
+    "tiny-qwen3moe": ModelConfig("qwen3moe", 2, 64, 4, 2, 16, 96, 320, 256, 1000000.0, 1e-6, tied_head=True,
+                                 block_types=("moe", "moe"), qk_norm=True, experts=8, experts_used=2, expert_ffn=32),
+    "tiny-mixtral": ModelConfig("llama", 2, 64, 4, 2, 16, 32, 320, 256, 1000000.0, 1e-5, tied_head=True,
+                                block_types=("moe", "moe"), experts=4, experts_used=2, expert_ffn=32),
     "smollm2-135m": ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, 1e-5, tied_head=True),
     "llama-3.2-1b": ModelConfig("llama", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
     "llama-3.2-3b": ModelConfig("llama", 28, 3072, 24, 8, 128, 8192, 128256, 131072, 500000.0, 1e-5, tied_head=True),
@@ -72,8 +77,11 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     def matrix(n: int, k: int) -> np.ndarray:
         return (rng.standard_normal((n, k), dtype=np.float32) / np.float32(np.sqrt(k)))
 
-    def norm() -> np.ndarray:
-        return (1.0 + 0.05 * rng.standard_normal(cfg.hidden)).astype(np.float32)
+    def floats(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A norm's weights near 1; another float tensor (an MoE router) as a matrix."""
+        if name.endswith("norm"):
+            return (1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32)
+        return matrix(*shape)
 
     def linear(prefix: str, n: int, k: int, scale: float = 1.0):
         yield from ((f"{prefix}.{part}", arr) for part, arr in parts_from_float(wtype, matrix(n, k) * scale).items())
@@ -83,21 +91,29 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
 
     def globals_arrays():
         yield from linear("token_embd", cfg.vocab, cfg.hidden, 8)
-        yield "output_norm", norm()
+        yield "output_norm", floats("output_norm", (cfg.hidden,))
 
-    def block_arrays(i: int):
-        yield f"blk.{i}.attn_norm", norm()
-        yield f"blk.{i}.ffn_norm", norm()
-        for name, shape in shapes[i].items():
-            yield from linear(f"blk.{i}.{name}", *shape)
+    def block_arrays(contents: list[FileWeight]):
+        for weight in contents:
+            if weight.spec is None:
+                yield weight.name, floats(weight.name, weight.shape)
+            else:
+                yield from linear(weight.name, *weight.shape)
 
     norm_spec = ((cfg.hidden,), "float32")
     plans = [RegionPlan("globals", (*specs("token_embd", cfg.vocab, cfg.hidden), TensorSpec("output_norm", *norm_spec)),
                         globals_arrays)]
     for i in range(cfg.num_blocks):
-        tensors = [TensorSpec(f"blk.{i}.attn_norm", *norm_spec), TensorSpec(f"blk.{i}.ffn_norm", *norm_spec)]
-        tensors += [spec for name, shape in shapes[i].items() for spec in specs(f"blk.{i}.{name}", *shape)]
-        plans.append(RegionPlan(f"block.{i}", tuple(tensors), lambda i=i: block_arrays(i)))
+        contents = _file_order(block_file_weights(block_kind(cfg, i, dict.fromkeys(shapes[i], wtype)), i))
+        tensors, pages = [], {}
+        for weight in contents:
+            made = ([TensorSpec(weight.name, weight.shape, "float32")] if weight.spec is None else
+                    specs(weight.name, *weight.shape))
+            tensors += made
+            if weight.expert is not None:
+                pages.setdefault(f"expert.{weight.expert}", []).extend(t.name for t in made)
+        plans.append(RegionPlan(f"block.{i}", tuple(tensors), lambda contents=contents: block_arrays(contents),
+                                tuple((page, tuple(names)) for page, names in pages.items())))
 
     meta = {
         "format": "jitllm-model",
@@ -113,6 +129,12 @@ def write_random_model(path: str | Path, preset: str | ModelConfig, wtype: str =
     }
     write_jlm(path, meta, plans, progress=progress)
     return cfg
+
+
+def _file_order(contents: list[FileWeight]) -> list[FileWeight]:
+    """A block's tensors as the file holds them: its float tensors (norms, router), its linears, then each
+    expert's linears (one page each, as the converter writes them)."""
+    return sorted(contents, key=lambda w: (-2 if w.spec is None else -1) if w.expert is None else w.expert)
 
 
 def _check_weight_type(cfg: ModelConfig, wtype: str, label: str) -> None:

@@ -39,3 +39,30 @@ def test_a_type_the_shape_cannot_hold_is_one_line(tmp_path):
     with pytest.raises(JitllmError, match=r"^unknown weight type 'q3_k' \(known: f32, "):
         write_random_model(tmp_path / "m.jlm", "tiny", "q3_k")
     assert not (tmp_path / "m.jlm").exists()
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-mixtral"])
+def test_moe_presets_write_each_expert_as_a_page_and_route_tokens(tmp_path, preset, cache_dir):
+    """The MoE shapes (the GPU tests' models): each expert one aligned page of its block's tensors, q/k norms
+    where the shape has them, a random router (not a norm's near-1 values); the llvm exact kernels run it."""
+    from jitllm.core.jlm import ALIGN
+    from jitllm.model import load
+
+    cfg = PRESETS[preset]
+    write_random_model(tmp_path / "m.jlm", preset, "q4_0", seed=1)
+    f = JlmFile(tmp_path / "m.jlm")
+    for i in range(cfg.num_blocks):
+        region = f.regions[f"block.{i}"]
+        assert [p.name for p in region.pages] == [f"expert.{e}" for e in range(cfg.experts)]
+        for e, page in enumerate(region.pages):
+            inside = sorted(n for n, t in f.tensors.items()
+                            if t.region == region.name and page.offset <= t.offset < page.offset + page.size)
+            assert page.offset % ALIGN == 0
+            assert inside == sorted(f"blk.{i}.{p}_exps.{e}.{q}" for p in ("ffn_gate", "ffn_up", "ffn_down")
+                                    for q in ("qs", "d"))
+    assert ("blk.0.attn_q_norm" in f.tensors) == cfg.qk_norm
+    router = f.tensor("blk.0.ffn_gate_inp")
+    assert router.shape == (cfg.experts, cfg.hidden) and 0.8 < router.std() * np.sqrt(cfg.hidden) < 1.2
+    model = load(tmp_path / "m.jlm", devices="cpu", cpu_kernels="exact", cache_dir=cache_dir)
+    session = model.new_session()
+    assert np.isfinite(model.executor.forward(session, list(range(4, 20)))).all()

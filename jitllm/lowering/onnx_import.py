@@ -280,16 +280,21 @@ def cache_slots(kind: BlockKind) -> int:
 
 def _moe_converter(kind: BlockKind, target, wtypes: tuple[str, str, str], slots: bool):
     """MoeSwiGLU (`slots`: MoeSwiGLUSlots, with the slot map after the weights): the target's routed-experts
-    kernel, over the tokens as [M, ...] rows."""
+    kernel, over the tokens as [M, ...] rows; its parameters after the inputs are its float32 [M, ...]
+    outputs, y the last (any before it: scratch the kernel passes between its launches)."""
     c = kind.config
 
     def moe(bb, inputs, attr, params):
         h, ids, weights, *parts = [bb.normalize(i) for i in inputs]
-        kernel = target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used, cache_slots(kind))
+        symbol, func = target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used, cache_slots(kind))
         lead, m = _rows(h)  # (to_relax checked the kernel exists)
         flat = [bb.emit(relax.op.reshape(h, [m, c.hidden]))] + [
             bb.emit(relax.op.reshape(a, [m, c.experts_used])) for a in (ids, weights)]
-        y = bb.emit(relax.call_tir(_add_kernel(bb, *kernel), [*flat, *parts], relax.TensorType([m, c.hidden], "float32")))
+        args = [*flat, *parts]
+        outs = [relax.TensorType([m, *[int(d) for d in p.shape[1:]]], "float32")
+                for p in func.params[len(args):]]
+        call = bb.emit(relax.call_tir(_add_kernel(bb, symbol, func), args, outs[0] if len(outs) == 1 else outs))
+        y = call if len(outs) == 1 else bb.emit(relax.TupleGetItem(call, len(outs) - 1))
         return relax.op.reshape(y, [*lead, c.hidden])
 
     return _converter(moe)
@@ -344,7 +349,8 @@ def to_relax(kind: BlockKind, model: onnx.ModelProto, target) -> tvm.IRModule:
     c = kind.config
     for wtypes in filter(None, map(split_moe_op, op_types)):
         if target.moe_kernel(wtypes, c.experts, c.expert_ffn, c.hidden, c.experts_used, cache_slots(kind)) is None:
-            raise JitllmError(f"target {target.name} has no kernel for routed experts yet (moe blocks run on llvm)")
+            raise JitllmError(f"target {target.name} has no kernel for routed experts in {'/'.join(wtypes)} yet "
+                              f"(moe blocks run on llvm and cuda)")
     graph_only = onnx.ModelProto()
     graph_only.CopyFrom(model)
     del graph_only.functions[:]

@@ -111,7 +111,8 @@ class KernelSet:
                    slots: int = 0):
         """MoeSwiGLU (routed experts) over any number of tokens, reading only the routed experts; with
         `slots`, MoeSwiGLUSlots: the weights hold that many experts, and a slot map (after the routing
-        weights) says which slot holds each expert."""
+        weights) says which slot holds each expert. The parameters after the inputs are float32 [M, ...]
+        outputs, y the last; any before it are scratch the kernel's launches pass on (CUDA's activations)."""
         return None
 
     def recurrence_kernel(self, kind: BlockKind):

@@ -9,6 +9,7 @@ from dataclasses import replace
 from jitllm.ir.config import DEFAULT_KV_TYPE, ModelConfig
 from jitllm.ir.head import head_kind
 from jitllm.ir.llama import BLOCK_LINEARS, llama_block_kind
+from jitllm.ir.moe import cache_kind
 from jitllm.lowering.target import kind_for_target
 from jitllm.lowering.targets.cuda import CudaTarget
 from jitllm.random_model import PRESETS, preset_layout
@@ -84,3 +85,28 @@ def format_test_kinds():
     kinds = [kind_for_target(k, CudaTarget()) for k in kinds]
     return kinds + [k.decode_variant() for k in kinds]
 
+
+
+MOE_MODELS = (("tiny-qwen3moe", "f32"), ("tiny-qwen3moe", "q4_0"), ("tiny-mixtral", "f16"), ("tiny-mixtral", "q8_0"))
+"""The random MoE models (random_model presets, weight type) test_moe_cuda.py runs on cuda:0 and on the host."""
+MOE_KV_TYPE = "f32"
+"""Their KV type there (f16 KV's rounding would hide the kernels' differences)."""
+EXPERT_STREAMING = ("tiny-mixtral", "f16", (3, 8))
+"""The model test_moe_cuda.py streams the experts of (JITLLM_GPU_STREAM=1), and its expert caches' slots:
+top-k + 1, and every expert of its two blocks (the card's whole budget)."""
+
+
+def moe_test_layouts():
+    """The layouts of MOE_MODELS at MOE_KV_TYPE (their block kinds and head, as the host and a GPU load them)."""
+    return [preset_layout(preset, wtype).with_kv_type(MOE_KV_TYPE) for preset, wtype in MOE_MODELS]
+
+
+def expert_streaming_kinds(target):
+    """What expert streaming runs on a device of `target` (runtime/engine/units.py load_unit and bank): each
+    MoE block's experts-apart kind and its decode variant, and the expert caches' kinds."""
+    preset, wtype, slot_counts = EXPERT_STREAMING
+    out = []
+    for kind in preset_layout(preset, wtype).with_kv_type(MOE_KV_TYPE).block_kinds:
+        apart = replace(kind_for_target(kind, target), experts_apart=True)
+        out += [apart, apart.decode_variant(), *[kind_for_target(cache_kind(apart, n), target) for n in slot_counts]]
+    return list(dict.fromkeys(out))

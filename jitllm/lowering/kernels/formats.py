@@ -15,7 +15,7 @@ import tvm
 from tvm import te
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, weight_parts
+from jitllm.core.layouts import FLOAT_TYPES, HIGH_BITS, QUANT_BLOCK, ROW_GROUP, SUPER_BLOCK, weight_parts
 
 R = ROW_GROUP
 PER_SUPER = SUPER_BLOCK // QUANT_BLOCK
@@ -116,3 +116,31 @@ def weight_value(wtype: str, ws: tuple, g, r, col):
     b, h, j = col // QUANT_BLOCK, col % QUANT_BLOCK // 16, col % 16
     q = to_f32(q_value(qs, qh, g, b, j, r, h, HIGH_BITS.get(wtype, 0)))
     return block_scale(wtype, sc, d, g, b, r, h) * q + block_offset(wtype, sc, mn, d, d2, g, b, r, h)
+
+
+WEIGHT_PARAMS = ("w", "qs", "qh", "sc", "mn", "d", "d2")
+"""The union of every layout's parts (d2: q4_1/q5_1's m, the K-quants' dmin), in the argument order of a
+kernel written once for every weight type (the routed-experts kernels)."""
+
+
+def expert_buffers(wtype: str, n: int, k: int) -> tuple[list[tuple[tuple[int, ...], str]], set[str]]:
+    """(shape, dtype) of each WEIGHT_PARAMS entry for an [n, k] `wtype` matrix (a placeholder where
+    absent), and the absent ones."""
+    parts = {("d2" if name in ("m", "dmin") else name): (shape, dtype)
+             for name, shape, dtype in weight_parts(wtype, n, k)}
+    return [parts.get(p, ((1,), "uint8")) for p in WEIGHT_PARAMS], {p for p in WEIGHT_PARAMS if p not in parts}
+
+
+def weight_at(wtype: str, w, qs, qh, sc, mn, d, d2, g, col, r):
+    """Weight `col` of row r of row group g, float32, from the buffers of WEIGHT_PARAMS (any weight type)."""
+    if wtype in FLOAT_TYPES:
+        return float_weight(wtype, w[g, col, r])
+    b, j = col // QUANT_BLOCK, col % QUANT_BLOCK
+    if wtype == "q8_0":
+        return to_f32(d[g, b, r]) * T.Cast("float32", qs[g, b, j, r])
+    if wtype in ("q4_0", "q4_1"):
+        q = T.Cast("float32", assemble_q(qs[g, b, j % 16, r], None, j // 16, 0, 0))
+        if wtype == "q4_0":
+            return to_f32(d[g, b, r]) * (q - T.float32(8))
+        return to_f32(d[g, b, r]) * q + to_f32(d2[g, b, r])
+    return weight_value(wtype, (qs, qh, sc, mn, d, d2), g, r, col)

@@ -26,7 +26,8 @@ class CudaTarget(KernelSet):
     adds inside the tensor-core linears, norms inside them too (exact family, prefill_linear_kernel,
     SwiGLU one elementwise pass) or in the operand pass before each GEMM, which applies SwiGLU as well
     (fast family on sm_80 on, prefill_gemm_kernels). Ragged variants (batched steps) take the ragged
-    attention and append of kernels/cuda/ragged.py; they run eagerly (no captured graphs)."""
+    attention and append of kernels/cuda/ragged.py; they run eagerly (no captured graphs). MoE blocks' routed
+    experts take kernels/cuda/moe.py in every weight type (moe_kernel)."""
 
     name = "cuda"
     caps = TargetCaps(SHARED_LIBRARY, fuse_linears=True, fold_prefill=True, decode_variants=True,
@@ -191,6 +192,13 @@ class CudaTarget(KernelSet):
         from jitllm.lowering.kernels.cuda.pages import page_kernels
 
         return page_kernels(kind)
+
+    def moe_kernel(self, wtypes, experts, ffn, hidden, top_k, slots=0):
+        """Routed experts (MoE blocks, and expert caches) in every weight type, both families: the exact
+        kernel of kernels/cuda/moe.py (two launches over the routed (token, pick) pairs)."""
+        from jitllm.lowering.kernels.cuda.moe import moe_kernel
+
+        return moe_kernel(wtypes, experts, ffn, hidden, top_k, slots)
 
     def build(self, mod: tvm.IRModule):
         from jitllm.lowering.targets.cuda_runtime import ensure_cuda_runtime

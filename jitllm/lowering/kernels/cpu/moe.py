@@ -17,34 +17,10 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-from jitllm.core.layouts import FLOAT_TYPES, QUANT_BLOCK, ROW_GROUP, weight_parts
-from jitllm.lowering.kernels.formats import assemble_q, float_weight, to_f32, weight_value, without_params
+from jitllm.core.layouts import ROW_GROUP
+from jitllm.lowering.kernels.formats import expert_buffers, weight_at, without_params
 
 R = ROW_GROUP
-PARAMS = ("w", "qs", "qh", "sc", "mn", "d", "d2")
-"""The union of every layout's parts (d2: q4_1/q5_1's m, the K-quants' dmin), in kernel argument order."""
-
-
-def _buffers(wtype: str, n: int, k: int) -> tuple[list[tuple[tuple[int, ...], str]], set[str]]:
-    """(shape, dtype) of each PARAMS entry for an [n, k] `wtype` matrix (a placeholder where absent), and
-    the absent ones."""
-    parts = {("d2" if name in ("m", "dmin") else name): (shape, dtype) for name, shape, dtype in weight_parts(wtype, n, k)}
-    return [parts.get(p, ((1,), "uint8")) for p in PARAMS], {p for p in PARAMS if p not in parts}
-
-
-def weight_at(wtype: str, w, qs, qh, sc, mn, d, d2, g, col, r):
-    """Weight `col` of row r of row group g, float32, from the buffers of PARAMS."""
-    if wtype in FLOAT_TYPES:
-        return float_weight(wtype, w[g, col, r])
-    b, j = col // QUANT_BLOCK, col % QUANT_BLOCK
-    if wtype == "q8_0":
-        return to_f32(d[g, b, r]) * T.Cast("float32", qs[g, b, j, r])
-    if wtype in ("q4_0", "q4_1"):
-        q = T.Cast("float32", assemble_q(qs[g, b, j % 16, r], None, j // 16, 0, 0))
-        if wtype == "q4_0":
-            return to_f32(d[g, b, r]) * (q - T.float32(8))
-        return to_f32(d[g, b, r]) * q + to_f32(d2[g, b, r])
-    return weight_value(wtype, (qs, qh, sc, mn, d, d2), g, r, col)
 
 
 def _base(slot_map, e, slots: int):
@@ -61,8 +37,8 @@ def moe_kernel(wtypes: tuple[str, str, str], experts: int, ffn: int, hidden: int
     E, F, K, TOP = experts, ffn, hidden, top_k
     S = slots or experts
     GF, GK = F // R, K // R
-    (gb, gu_unused), (ub, uu_unused), (db, du_unused) = (_buffers(gt, S * F, K), _buffers(ut, S * F, K),
-                                                           _buffers(dt, S * K, F))
+    (gb, gu_unused), (ub, uu_unused), (db, du_unused) = (expert_buffers(gt, S * F, K), expert_buffers(ut, S * F, K),
+                                                           expert_buffers(dt, S * K, F))
     (g0s, g0t), (g1s, g1t), (g2s, g2t), (g3s, g3t), (g4s, g4t), (g5s, g5t), (g6s, g6t) = gb
     (u0s, u0t), (u1s, u1t), (u2s, u2t), (u3s, u3t), (u4s, u4t), (u5s, u5t), (u6s, u6t) = ub
     (d0s, d0t), (d1s, d1t), (d2s, d2t), (d3s, d3t), (d4s, d4t), (d5s, d5t), (d6s, d6t) = db

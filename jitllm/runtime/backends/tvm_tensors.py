@@ -17,6 +17,26 @@ from jitllm.runtime.backends.dlpack import aliases
 from jitllm.runtime.program import Program
 
 
+def _load_runtime_extra() -> None:
+    """Load libtvm_runtime_extra where TVM runs runtime-only (TVM_USE_RUNTIME_LIB=1: the GPU machine's
+    install), which `import tvm` loads only beside the compiler: it registers packed functions that artifacts
+    call, e.g. `tvm.contrib.sort.topk` (the MoE router's top-k), without which such an artifact fails at its
+    first call. Once, at import."""
+    if not tvm.base._RUNTIME_ONLY or "tvm_runtime_extra" in tvm.base._LOADED_LIBS:
+        return
+    import tvm_ffi
+
+    runtime_dir = Path(tvm.base._LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    try:
+        tvm.base._LOADED_LIBS["tvm_runtime_extra"] = tvm_ffi.libinfo.load_lib_ctypes(
+            "tvm", "tvm_runtime_extra", "RTLD_LOCAL", extra_lib_paths=[runtime_dir])
+    except (OSError, RuntimeError):  # an install without it: artifacts that need it say so at their first call
+        pass
+
+
+_load_runtime_extra()
+
+
 HOST_ALLOCATOR = "naive"
 """The Relax VM allocator for programs whose tensors live in host memory. TVM's default, "pooled", keeps every
 freed buffer for a later request of the same (page-rounded) size and never gives any back, so a batched

@@ -30,6 +30,7 @@ from jitllm.core.layouts import ROW_GROUP, WEIGHT_TYPES
 from jitllm.ir.block_type import KV_PAGES, RECURRENT
 from jitllm.ir.blocks import block_type
 from jitllm.ir.config import BlockKind
+from jitllm.ir.moe import MOE_EXPERTS
 from jitllm.ir.ops import (
     EXTRA_INPUTS,
     GATED_RECURRENCE,
@@ -275,7 +276,7 @@ def _rotary_attention(kind: BlockKind, target):
 def cache_slots(kind: BlockKind) -> int:
     """The expert slots a kind's routed-experts op reads: the cache's (a moe_experts kind), else every expert."""
     c = kind.config
-    return kind.linear("ffn_gate_exps").out_features // c.expert_ffn if kind.kind == "moe_experts" else 0
+    return kind.linear("ffn_gate_exps").out_features // c.expert_ffn if block_type(kind) is MOE_EXPERTS else 0
 
 
 def _moe_converter(kind: BlockKind, target, wtypes: tuple[str, str, str], slots: bool):
